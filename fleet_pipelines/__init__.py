@@ -1,0 +1,1 @@
+"""fleet_pipelines: multi-agent LLM deliberation as a Dagster code location."""

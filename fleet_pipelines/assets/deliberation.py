@@ -1,0 +1,200 @@
+"""A deliberation as assets of one dynamic partition (partition key = task id).
+
+deliberation_task -> proposals -> reviews -> scores -> decision. The assets are thin: they
+convert frames, call the domain, and hand agent turns to the Ray dispatcher.
+"""
+
+
+import json
+import time
+
+import dagster as dg
+import pandas as pd
+from dagster_ray import RayResource
+from pydantic import Field, ValidationError
+
+from ..domain.council import build_council
+from ..domain.decision import decide, rank
+from ..domain.deliberation import current_versions, proposal_requests, review_rounds
+from ..domain.models import Task
+from ..domain.scoring import score_proposal
+from ..resources.council import CouncilResource
+from . import frames
+
+deliberation_partitions = dg.DynamicPartitionsDefinition(name="deliberations")
+GROUP = "deliberation"
+
+
+class DeliberationConfig(dg.Config):
+    """The task a council deliberates on. The partition key is its task id."""
+
+    description: str = Field(description="What the council must solve.")
+    role: str = Field(default="DEV", description="Council role: DEV, QA, ARCHITECT, DEVOPS or DATA.")
+    num_agents: int = Field(default=3, description="Agents in the council (1-10).")
+    rounds: int = Field(default=1, description="Review rounds after the first proposals (0-3).")
+    rubric: str = Field(default="", description="What a good proposal looks like.")
+    requirements: list[str] = Field(default_factory=list, description="Requirements each proposal must meet.")
+    metadata: dict[str, str] = Field(default_factory=dict, description="Extra context shown to agents.")
+    timeout_seconds: float = Field(default=300.0, description="Deliberation deadline in seconds.")
+    story_id: str | None = Field(default=None, description="Story the task belongs to (from planning).")
+    plan_id: str | None = Field(default=None, description="Plan the task belongs to (from planning).")
+
+
+def validation_message(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'task'}: {err['msg']}" for err in exc.errors()
+    )
+
+
+def build_task(task_id: str, config: DeliberationConfig) -> Task:
+    """The validated task; raises dg.Failure naming every invalid field."""
+    try:
+        return Task.model_validate(
+            {
+                "task_id": task_id,
+                "description": config.description,
+                "role": config.role.upper(),
+                "num_agents": config.num_agents,
+                "rounds": config.rounds,
+                "constraints": {
+                    "rubric": config.rubric,
+                    "requirements": config.requirements,
+                    "metadata": config.metadata,
+                    "timeout_seconds": config.timeout_seconds,
+                },
+                "story_id": config.story_id,
+                "plan_id": config.plan_id,
+            }
+        )
+    except ValidationError as exc:
+        raise dg.Failure(
+            description=f"invalid deliberation task {task_id!r}: {validation_message(exc)}",
+            allow_retries=False,
+        ) from exc
+
+
+def _deadline(context: dg.AssetExecutionContext, task: Task) -> float:
+    """The deliberation deadline counts from the start of the run."""
+    record = context.instance.get_run_record_by_id(context.run_id)
+    started = record.start_time if record is not None and record.start_time else time.time()
+    return started + task.constraints.timeout_seconds
+
+
+def _turn_metadata(results) -> dict[str, dg.MetadataValue]:
+    df = frames.turns_to_frame(results)
+    return {
+        "turns": frames.table(df, frames.TURN_TABLE_COLUMNS) if len(df) else dg.MetadataValue.text("none"),
+        "preview": frames.turns_markdown(results),
+        "tokens_out": dg.MetadataValue.int(int(df["tokens_out"].sum()) if len(df) else 0),
+    }
+
+
+@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
+def deliberation_task(context: dg.AssetExecutionContext, config: DeliberationConfig) -> dg.Output[pd.DataFrame]:
+    """The validated task of this partition."""
+    task = build_task(context.partition_key, config)
+    return dg.Output(
+        frames.task_to_frame(task),
+        metadata={
+            "role": task.role.value,
+            "num_agents": task.num_agents,
+            "rounds": task.rounds,
+            "description": dg.MetadataValue.md(task.description),
+        },
+    )
+
+
+@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"ray"})
+def proposals(
+    context: dg.AssetExecutionContext,
+    deliberation_task: pd.DataFrame,
+    council: CouncilResource,
+    ray_cluster: RayResource,
+) -> dg.Output[pd.DataFrame]:
+    """Round 0: every agent of the council writes a proposal (one Ray task per agent)."""
+    task = frames.task_from_frame(deliberation_task)
+    settings = council.council_settings()
+    agents = build_council(task.role, task.num_agents, settings)
+    run_turns = council.dispatcher(_deadline(context, task))
+    results = run_turns(proposal_requests(task, agents, settings))
+    ok = sum(r.ok for r in results)
+    context.log.info(f"{ok}/{len(results)} proposals from {council.llm.model} via {ray_cluster.display_name}")
+    return dg.Output(frames.turns_to_frame(results), metadata={"usable": ok, **_turn_metadata(results)})
+
+
+@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"ray"})
+def reviews(
+    context: dg.AssetExecutionContext,
+    deliberation_task: pd.DataFrame,
+    proposals: pd.DataFrame,
+    council: CouncilResource,
+    ray_cluster: RayResource,
+) -> dg.Output[pd.DataFrame]:
+    """R rounds: each agent critiques its peers' current proposals, then revises its own."""
+    task = frames.task_from_frame(deliberation_task)
+    settings = council.council_settings()
+    agents = build_council(task.role, task.num_agents, settings)
+    history = review_rounds(
+        task, agents, settings, frames.turns_from_frame(proposals), council.dispatcher(_deadline(context, task))
+    )
+    return dg.Output(frames.turns_to_frame(history), metadata={"rounds": task.rounds, **_turn_metadata(history)})
+
+
+@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
+def scores(
+    deliberation_task: pd.DataFrame,
+    proposals: pd.DataFrame,
+    reviews: pd.DataFrame,
+    council: CouncilResource,
+) -> dg.Output[pd.DataFrame]:
+    """Each agent's final proposal scored by checks, with the evidence of each check."""
+    task = frames.task_from_frame(deliberation_task)
+    agents = build_council(task.role, task.num_agents, council.council_settings())
+    finals = current_versions([*frames.turns_from_frame(proposals), *frames.turns_from_frame(reviews)])
+    weights = council.scoring_weights()
+    scored = [score_proposal(task, finals[a.agent_id], weights) for a in agents if a.agent_id in finals]
+    ranking = rank({s.agent_id: s.score for s in scored}, agents)
+    df = frames.scores_to_frame(scored, ranking, finals)
+    check_columns = [c for c in df.columns if c.startswith("check_")]
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "scores": frames.table(df, ["rank", "agent_id", "score", *check_columns, "code_blocks", "final_round"])
+        if len(df)
+        else dg.MetadataValue.text("no usable proposal"),
+    }
+    if len(df):
+        top = df.iloc[0]
+        metadata["winner_proposal"] = dg.MetadataValue.md(f"## {top['agent_id']}\n\n{top['content']}")
+        metadata["evidence"] = dg.MetadataValue.json(
+            {row["agent_id"]: json.loads(row["evidence"]) for row in df.to_dict("records")}
+        )
+    return dg.Output(df, metadata=metadata)
+
+
+@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
+def decision(
+    deliberation_task: pd.DataFrame,
+    proposals: pd.DataFrame,
+    reviews: pd.DataFrame,
+    scores: pd.DataFrame,
+    council: CouncilResource,
+) -> dg.Output[pd.DataFrame]:
+    """The winner, the ranking and the status (COMPLETED, PARTIAL, FAILED, TIMEOUT), with reasons."""
+    task = frames.task_from_frame(deliberation_task)
+    agents = build_council(task.role, task.num_agents, council.council_settings())
+    turns = [*frames.turns_from_frame(proposals), *frames.turns_from_frame(reviews)]
+    finals = current_versions(turns)
+    result = decide(agents, turns, finals, dict(zip(scores["agent_id"], scores["score"], strict=True)))
+    winner_content = finals[result.winner_id].content if result.winner_id else ""
+    ranking_md = "\n".join(f"{r.rank}. {r.agent_id} — {r.score:.3f}" for r in result.ranking) or "_none_"
+    return dg.Output(
+        frames.decision_to_frame(task, result, winner_content),
+        metadata={
+            "status": result.status.value,
+            "winner": result.winner_id or "none",
+            "ranking": dg.MetadataValue.md(ranking_md),
+            "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in result.reasons)),
+        },
+    )
+
+
+deliberation_assets = [deliberation_task, proposals, reviews, scores, decision]

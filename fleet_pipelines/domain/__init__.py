@@ -1,0 +1,1 @@
+"""Pure deliberation logic: no Dagster, Ray, NATS or HTTP client imports here."""

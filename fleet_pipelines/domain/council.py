@@ -1,0 +1,43 @@
+"""Councils: the agents of one role that deliberate on a task."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .models import AgentSpec, Role
+
+DIVERSITY_TEMPERATURE_FACTOR = 1.3
+MAX_TEMPERATURE = 2.0
+
+
+class CouncilSettings(BaseModel):
+    """Sampling settings shared by a council (seed defaults: temperature 0.7, 2048 tokens)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    temperature: float = Field(default=0.7, ge=0.0, le=MAX_TEMPERATURE)
+    max_tokens: int = Field(default=2048, ge=16, le=32_768)
+
+
+def agent_id(role: Role, index: int) -> str:
+    return f"agent-{role.value.lower()}-{index:03d}"
+
+
+def build_council(role: Role, num_agents: int, settings: CouncilSettings) -> list[AgentSpec]:
+    """Agent 001 is the baseline; the others sample hotter and are told to take another path."""
+    agents = []
+    for index in range(1, num_agents + 1):
+        diversity = index > 1
+        temperature = settings.temperature
+        if diversity:
+            temperature = min(MAX_TEMPERATURE, round(temperature * DIVERSITY_TEMPERATURE_FACTOR, 3))
+        agents.append(
+            AgentSpec(
+                agent_id=agent_id(role, index),
+                role=role,
+                index=index,
+                temperature=temperature,
+                diversity=diversity,
+            )
+        )
+    return agents

@@ -1,0 +1,86 @@
+"""Selection of a winner and the deliberation's status."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel
+
+from .models import AgentSpec, DeliberationStatus, TurnResult, TurnStatus
+
+
+class RankedProposal(BaseModel):
+    rank: int
+    agent_id: str
+    score: float
+
+
+class Decision(BaseModel):
+    status: DeliberationStatus
+    winner_id: str | None
+    ranking: list[RankedProposal]
+    reasons: list[str]
+    quorum: int
+    usable_agents: int
+    failed_agents: list[str]
+    timed_out_agents: list[str]
+
+
+def quorum_for(num_agents: int) -> int:
+    """A majority of the council."""
+    return num_agents // 2 + 1
+
+
+def rank(scores: Mapping[str, float], council: Sequence[AgentSpec]) -> list[RankedProposal]:
+    """Highest score first; equal scores keep council order (the baseline agent first)."""
+    order = {a.agent_id: a.index for a in council}
+    ranked = sorted(scores.items(), key=lambda item: (-item[1], order.get(item[0], 1_000)))
+    return [RankedProposal(rank=i, agent_id=a, score=s) for i, (a, s) in enumerate(ranked, 1)]
+
+
+def decide(
+    council: Sequence[AgentSpec],
+    turns: Sequence[TurnResult],
+    finals: Mapping[str, TurnResult],
+    scores: Mapping[str, float],
+) -> Decision:
+    """COMPLETED: every agent delivered and no turn failed. PARTIAL: a quorum of agents have a
+    final proposal but some turn failed or timed out. TIMEOUT: no quorum and the deadline cut
+    turns off. FAILED: no quorum otherwise."""
+    quorum = quorum_for(len(council))
+    failed = sorted({t.agent_id for t in turns if t.status is TurnStatus.FAILED})
+    timed_out = sorted({t.agent_id for t in turns if t.status is TurnStatus.TIMEOUT})
+    ranking = rank({a: s for a, s in scores.items() if a in finals}, council)
+    usable = len(finals)
+    reasons: list[str] = []
+    if usable == len(council) and not failed and not timed_out:
+        status = DeliberationStatus.COMPLETED
+    elif usable >= quorum:
+        status = DeliberationStatus.PARTIAL
+        reasons.append(
+            f"quorum met ({usable}/{len(council)} agents with a proposal, quorum {quorum}); "
+            f"failed turns from {failed or 'none'}, timed out {timed_out or 'none'}"
+        )
+    elif timed_out:
+        status = DeliberationStatus.TIMEOUT
+        reasons.append(f"deadline hit with {usable}/{len(council)} proposals (quorum {quorum})")
+    else:
+        status = DeliberationStatus.FAILED
+        reasons.append(f"only {usable}/{len(council)} agents produced a proposal (quorum {quorum})")
+
+    winner_id = None
+    if status in (DeliberationStatus.COMPLETED, DeliberationStatus.PARTIAL) and ranking:
+        winner = ranking[0]
+        winner_id = winner.agent_id
+        runner_up = f", next {ranking[1].agent_id} at {ranking[1].score:.3f}" if len(ranking) > 1 else ""
+        reasons.insert(0, f"{winner.agent_id} ranked first with score {winner.score:.3f}{runner_up}")
+    return Decision(
+        status=status,
+        winner_id=winner_id,
+        ranking=ranking,
+        reasons=reasons,
+        quorum=quorum,
+        usable_agents=usable,
+        failed_agents=failed,
+        timed_out_agents=timed_out,
+    )

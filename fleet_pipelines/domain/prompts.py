@@ -1,0 +1,87 @@
+"""Prompts for proposals, critiques and revisions (seed system contracts, SEED_REFERENCE.md)."""
+
+from __future__ import annotations
+
+from .models import AgentSpec, Message, Role, Task
+
+ROLE_EXPERTISE: dict[Role, str] = {
+    Role.DEV: "You are an expert software developer focused on clean, maintainable, well-tested code.",
+    Role.QA: "You are an expert QA engineer focused on testing strategy, edge cases and likely bugs.",
+    Role.ARCHITECT: "You are an expert software architect focused on system design, scalability and patterns.",
+    Role.DEVOPS: (
+        "You are an expert DevOps engineer focused on deployment, CI/CD, infrastructure and reliability."
+    ),
+    Role.DATA: "You are an expert data engineer focused on pipelines, ETL, databases and data quality.",
+}
+
+DIVERSITY_INSTRUCTION = (
+    "Take a creative approach that differs from the obvious one: consider alternatives other agents "
+    "are unlikely to propose."
+)
+
+PROPOSAL_SECTIONS = (
+    "Requirements analysis",
+    "Solution approach",
+    "Implementation details",
+    "Challenges and mitigations",
+)
+
+
+def system_prompt(task: Task, agent: AgentSpec) -> str:
+    parts = [ROLE_EXPERTISE[task.role]]
+    if agent.diversity:
+        parts.append(DIVERSITY_INSTRUCTION)
+    if task.constraints.rubric:
+        parts.append(f"Evaluation rubric: {task.constraints.rubric}")
+    if task.constraints.requirements:
+        bullets = "\n".join(f"- {r}" for r in task.constraints.requirements)
+        parts.append(f"Requirements:\n{bullets}")
+    return "\n\n".join(parts)
+
+
+def _task_block(task: Task) -> str:
+    text = f"Task: {task.description}"
+    if task.constraints.metadata:
+        lines = "\n".join(f"{k}: {v}" for k, v in task.constraints.metadata.items())
+        text += f"\n\nAdditional context:\n{lines}"
+    return text
+
+
+def proposal_messages(task: Task, agent: AgentSpec) -> list[Message]:
+    sections = "\n".join(f"{i}. {s}" for i, s in enumerate(PROPOSAL_SECTIONS, start=1))
+    user = (
+        f"{_task_block(task)}\n\nWrite your proposal with these sections:\n{sections}\n"
+        "Put any code in fenced code blocks with the language named."
+    )
+    return [
+        Message(role="system", content=system_prompt(task, agent)),
+        Message(role="user", content=user),
+    ]
+
+
+def critique_messages(task: Task, critic: AgentSpec, peer_id: str, peer_proposal: str) -> list[Message]:
+    user = (
+        f"{_task_block(task)}\n\nHere is the proposal of {peer_id}:\n\n{peer_proposal}\n\n"
+        "Critique it: list its concrete weaknesses, errors and missing requirements, and say how "
+        "to fix each. Do not rewrite the proposal."
+    )
+    return [
+        Message(role="system", content=system_prompt(task, critic)),
+        Message(role="user", content=user),
+    ]
+
+
+def revision_messages(
+    task: Task, author: AgentSpec, own_proposal: str, critiques: list[tuple[str, str]]
+) -> list[Message]:
+    received = "\n\n".join(f"Critique from {critic_id}:\n{text}" for critic_id, text in critiques)
+    user = (
+        f"{_task_block(task)}\n\nYour current proposal:\n\n{own_proposal}\n\n"
+        f"Your peers critiqued it:\n\n{received}\n\n"
+        "Write your revised proposal in full, fixing what the critiques got right, with the same "
+        "sections and fenced code blocks."
+    )
+    return [
+        Message(role="system", content=system_prompt(task, author)),
+        Message(role="user", content=user),
+    ]

@@ -1,0 +1,1 @@
+"""LLM engines: the OpenAI-compatible client and the local llama.cpp server."""

@@ -1,0 +1,1 @@
+"""Dagster resources wiring the adapters (LLM engine, Ray dispatch, storage)."""

@@ -1,0 +1,109 @@
+"""The local stack's processes: model server, Ray head, NATS, Dagster. Used by `fleet dev` and tests.
+
+Each service runs as a child process in its own process group, so stopping the stack stops
+everything a service started (Ray's raylets and workers included).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+    stop_command: list[str] | None = field(default=None)
+
+    def wait_ready(self, check: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.process.returncode}; log {self.log_path}:\n"
+                    + self.log_path.read_text()[-2000:]
+                )
+            if check():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s; log {self.log_path}")
+
+    def stop(self, timeout_s: float = 20) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+
+
+def launch(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Service:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log = log_path.open("ab")
+    process = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    return Service(name=name, process=process, log_path=log_path)
+
+
+def start_model_server(log_dir: Path, port: int, parallel: int = 3, timeout_s: float = 120) -> Service:
+    service = launch(
+        "model-server",
+        [sys.executable, "-m", "fleet_pipelines.cli", "model", "serve", "--port", str(port),
+         "--parallel", str(parallel)],
+        log_dir,
+    )
+    service.wait_ready(lambda: http_ok(f"http://127.0.0.1:{port}/health"), timeout_s)
+    return service
+
+
+def start_ray_head(log_dir: Path, port: int, num_cpus: int = 2, timeout_s: float = 120) -> Service:
+    ray = str(Path(sys.executable).with_name("ray"))
+    service = launch(
+        "ray-head",
+        [ray, "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}", "--include-dashboard=false",
+         "--disable-usage-stats", "--block"],
+        log_dir,
+    )
+    service.wait_ready(lambda: port_open("127.0.0.1", port) and b"Ray runtime started" in
+                       service.log_path.read_bytes(), timeout_s)
+    return service
