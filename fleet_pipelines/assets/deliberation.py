@@ -4,7 +4,6 @@ deliberation_task -> proposals -> reviews -> scores -> decision. The assets are 
 convert frames, call the domain, and hand agent turns to the Ray dispatcher.
 """
 
-
 import json
 import time
 
@@ -90,7 +89,9 @@ def _turn_metadata(results) -> dict[str, dg.MetadataValue]:
 
 
 @dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
-def deliberation_task(context: dg.AssetExecutionContext, config: DeliberationConfig) -> dg.Output[pd.DataFrame]:
+def deliberation_task(
+    context: dg.AssetExecutionContext, config: DeliberationConfig
+) -> dg.Output[pd.DataFrame]:
     """The validated task of this partition."""
     task = build_task(context.partition_key, config)
     return dg.Output(
@@ -135,9 +136,15 @@ def reviews(
     settings = council.council_settings()
     agents = build_council(task.role, task.num_agents, settings)
     history = review_rounds(
-        task, agents, settings, frames.turns_from_frame(proposals), council.dispatcher(_deadline(context, task))
+        task,
+        agents,
+        settings,
+        frames.turns_from_frame(proposals),
+        council.dispatcher(_deadline(context, task)),
     )
-    return dg.Output(frames.turns_to_frame(history), metadata={"rounds": task.rounds, **_turn_metadata(history)})
+    return dg.Output(
+        frames.turns_to_frame(history), metadata={"rounds": task.rounds, **_turn_metadata(history)}
+    )
 
 
 @dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
@@ -157,7 +164,9 @@ def scores(
     df = frames.scores_to_frame(scored, ranking, finals)
     check_columns = [c for c in df.columns if c.startswith("check_")]
     metadata: dict[str, dg.RawMetadataValue] = {
-        "scores": frames.table(df, ["rank", "agent_id", "score", *check_columns, "code_blocks", "final_round"])
+        "scores": frames.table(
+            df, ["rank", "agent_id", "score", *check_columns, "code_blocks", "final_round"]
+        )
         if len(df)
         else dg.MetadataValue.text("no usable proposal"),
     }

@@ -12,8 +12,18 @@ from ..domain.decision import Decision, RankedProposal
 from ..domain.models import Task, TurnResult
 from ..domain.scoring import ProposalScore
 
-TURN_TABLE_COLUMNS = ["agent_id", "kind", "round", "target_agent_id", "status", "tokens_in", "tokens_out",
-                      "latency_ms", "attempts", "error_type"]
+TURN_TABLE_COLUMNS = [
+    "agent_id",
+    "kind",
+    "round",
+    "target_agent_id",
+    "status",
+    "tokens_in",
+    "tokens_out",
+    "latency_ms",
+    "attempts",
+    "error_type",
+]
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -90,8 +100,12 @@ def table(df: pd.DataFrame, columns: Sequence[str]) -> dg.MetadataValue:
         ]
     )
     records = [
-        dg.TableRecord({c: (None if v is None else (round(v, 3) if isinstance(v, float) else str(v)))
-                        for c, v in row.items()})
+        dg.TableRecord(
+            {
+                c: (None if v is None else (round(v, 3) if isinstance(v, float) else str(v)))
+                for c, v in row.items()
+            }
+        )
         for row in _records(df[present])
     ]
     return dg.MetadataValue.table(records=records, schema=schema)

@@ -34,7 +34,9 @@ def _request(
     )
 
 
-def proposal_requests(task: Task, council: Sequence[AgentSpec], settings: CouncilSettings) -> list[TurnRequest]:
+def proposal_requests(
+    task: Task, council: Sequence[AgentSpec], settings: CouncilSettings
+) -> list[TurnRequest]:
     return [
         _request(task, agent, TurnKind.PROPOSE, 0, prompts.proposal_messages(task, agent), settings)
         for agent in council

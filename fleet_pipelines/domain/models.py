@@ -145,9 +145,7 @@ class TurnResult(BaseModel):
         return self.status is TurnStatus.COMPLETED and bool(self.content.strip())
 
     @classmethod
-    def unfinished(
-        cls, request: TurnRequest, status: TurnStatus, error: str, error_type: str
-    ) -> TurnResult:
+    def unfinished(cls, request: TurnRequest, status: TurnStatus, error: str, error_type: str) -> TurnResult:
         """A result for a turn that produced no text (engine error, deadline, lost worker)."""
         return cls(
             task_id=request.task_id,

@@ -7,7 +7,9 @@ from .models import AgentSpec, Message, Role, Task
 ROLE_EXPERTISE: dict[Role, str] = {
     Role.DEV: "You are an expert software developer focused on clean, maintainable, well-tested code.",
     Role.QA: "You are an expert QA engineer focused on testing strategy, edge cases and likely bugs.",
-    Role.ARCHITECT: "You are an expert software architect focused on system design, scalability and patterns.",
+    Role.ARCHITECT: (
+        "You are an expert software architect focused on system design, scalability and patterns."
+    ),
     Role.DEVOPS: (
         "You are an expert DevOps engineer focused on deployment, CI/CD, infrastructure and reliability."
     ),

@@ -134,7 +134,9 @@ def requirement_verdicts(requirements: Sequence[str], text: str) -> list[Require
     for requirement in requirements:
         keys = _keywords(requirement)
         if not keys:
-            verdicts.append(RequirementVerdict(requirement=requirement, met=False, matched_fraction=0.0, quote=""))
+            verdicts.append(
+                RequirementVerdict(requirement=requirement, met=False, matched_fraction=0.0, quote="")
+            )
             continue
         fraction = sum(k in text_keys for k in keys) / len(keys)
         quote = ""

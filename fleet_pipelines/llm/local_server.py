@@ -78,8 +78,10 @@ def serve(settings: ServerSettings, ready: threading.Event | None = None) -> Non
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server = xllamacpp.Server(params)
-    print(f"llama.cpp server ready at http://{settings.host}:{settings.port}/v1 model={settings.model_name}",
-          flush=True)
+    print(
+        f"llama.cpp server ready at http://{settings.host}:{settings.port}/v1 model={settings.model_name}",
+        flush=True,
+    )
     if ready is not None:
         ready.set()
     stop.wait()

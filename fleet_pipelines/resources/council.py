@@ -14,13 +14,17 @@ from ..llm.engine import EngineSettings
 class LLMEngineResource(dg.ConfigurableResource):
     """Any OpenAI-compatible engine: llama.cpp locally, vLLM or Ray Serve LLM in production."""
 
-    base_url: str = Field(description="Engine base URL, e.g. http://127.0.0.1:8080/v1 (`/v1` is added if missing).")
+    base_url: str = Field(
+        description="Engine base URL, e.g. http://127.0.0.1:8080/v1 (`/v1` is added if missing)."
+    )
     model: str = Field(description="Model name sent with each request (vLLM: the served model name).")
     api_key: str | None = Field(
         default=None, description="API key; pass dg.EnvVar('FLEET_LLM_API_KEY') so it never shows in the UI."
     )
     request_timeout_s: float = Field(default=60.0, description="Timeout of one HTTP request to the engine.")
-    max_attempts: int = Field(default=3, description="Attempts per turn on transient errors (5xx, 429, refused).")
+    max_attempts: int = Field(
+        default=3, description="Attempts per turn on transient errors (5xx, 429, refused)."
+    )
 
     def settings(self) -> EngineSettings:
         return EngineSettings(

@@ -1,0 +1,66 @@
+"""Shared fixtures: the real local stack (llama.cpp server, Ray head, Dagster instance).
+
+Every test session starts its own servers on free ports with state in temp dirs, so tests never
+collide with `make dev`, the machine's own services, or each other.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from fleet_pipelines import stack
+from fleet_pipelines.definitions import build_resources
+
+
+@pytest.fixture(scope="session")
+def stack_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stack-logs")
+
+
+@pytest.fixture(scope="session")
+def llm_server(stack_logs: Path) -> Iterator[str]:
+    """A real llama.cpp server (SmolLM2-135M) speaking the OpenAI API; yields its base URL."""
+    port = stack.free_port()
+    service = stack.start_model_server(stack_logs, port, parallel=3)
+    yield f"http://127.0.0.1:{port}/v1"
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_head(stack_logs: Path) -> Iterator[str]:
+    """A real Ray head (ray start --head); RAY_ADDRESS points at it for the session."""
+    port = stack.free_port()
+    service = stack.start_ray_head(stack_logs, port)
+    address = f"127.0.0.1:{port}"
+    previous = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = address
+    yield address
+    import ray
+
+    ray.shutdown()
+    service.stop()
+    if previous is None:
+        os.environ.pop("RAY_ADDRESS", None)
+    else:
+        os.environ["RAY_ADDRESS"] = previous
+
+
+@pytest.fixture
+def dagster_instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
+    """A real (SQLite) Dagster instance in a temp dir."""
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        yield instance
+
+
+@pytest.fixture
+def stack_env(llm_server: str, ray_head: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Environment that points the code location at the test stack; returns its resources."""
+    monkeypatch.setenv("FLEET_LLM_BASE_URL", llm_server)
+    monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
+    monkeypatch.setenv("FLEET_MAX_TOKENS", os.environ.get("FLEET_TEST_MAX_TOKENS", "128"))
+    return build_resources()

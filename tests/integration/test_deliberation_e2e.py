@@ -1,0 +1,155 @@
+"""A real deliberation: llama.cpp server, Ray head, Dagster instance, Parquet IO manager."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from fleet_pipelines.assets.deliberation import deliberation_assets, deliberation_partitions
+from fleet_pipelines.cli import deliberation_run_config
+
+pytestmark = pytest.mark.integration
+
+TASK_CONFIG = {
+    "description": "Write a Python function is_palindrome(s) that ignores case and spaces.",
+    "role": "DEV",
+    "num_agents": 3,
+    "rounds": 1,
+    "rubric": "Correct, readable, tested.",
+    "requirements": ["ignore case", "ignore spaces"],
+}
+
+
+def test_three_agents_one_round_materialises_every_asset(stack_env, dagster_instance, tmp_path: Path):
+    task_id = "e2e-palindrome-1"
+    dagster_instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
+    result = dg.materialize(
+        deliberation_assets,
+        resources=stack_env,
+        instance=dagster_instance,
+        partition_key=task_id,
+        run_config=deliberation_run_config(TASK_CONFIG),
+    )
+    assert result.success
+
+    proposals = result.output_for_node("proposals")
+    assert list(proposals["agent_id"]) == ["agent-dev-001", "agent-dev-002", "agent-dev-003"]
+    assert (proposals["status"] == "completed").all()
+    assert proposals["content"].str.strip().str.len().min() > 0
+    assert (proposals["tokens_out"] > 0).all()
+
+    reviews = result.output_for_node("reviews")
+    critiques = reviews[reviews["kind"] == "critique"]
+    revisions = reviews[reviews["kind"] == "revise"]
+    assert len(critiques) == 6  # every agent critiques both peers
+    assert set(zip(critiques["agent_id"], critiques["target_agent_id"], strict=True)) == {
+        (a, b) for a in proposals["agent_id"] for b in proposals["agent_id"] if a != b
+    }
+    assert len(revisions) == 3 and set(revisions["round"]) == {1}
+
+    scores = result.output_for_node("scores")
+    assert sorted(scores["rank"]) == [1, 2, 3]
+    evidence = json.loads(scores.iloc[0]["evidence"])
+    assert {c["name"] for c in evidence} >= {"code_parses", "requirement_coverage", "sections"}
+
+    decision = result.output_for_node("decision").iloc[0]
+    assert decision["status"] in {"COMPLETED", "PARTIAL"}
+    assert decision["winner_id"] == scores.iloc[0]["agent_id"]
+
+    # Every asset of the partition is materialised in the instance, with UI metadata.
+    for name in ["deliberation_task", "proposals", "reviews", "scores", "decision"]:
+        event = dagster_instance.get_latest_materialization_event(dg.AssetKey(name))
+        assert event is not None and event.dagster_event.partition == task_id
+    proposal_meta = dagster_instance.get_latest_materialization_event(
+        dg.AssetKey("proposals")
+    ).asset_materialization.metadata
+    assert "agent-dev-001" in proposal_meta["preview"].value
+    assert len(proposal_meta["turns"].value.records) == 3
+    # The IO manager wrote Parquet under the configured base path.
+    assert (Path(os.environ["FLEET_STORAGE_PATH"]) / "decision" / f"{task_id}.parquet").exists()
+
+
+def test_invalid_task_config_fails_with_a_precise_message(stack_env, dagster_instance):
+    task_id = "bad-config-1"
+    dagster_instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
+    result = dg.materialize(
+        deliberation_assets,
+        resources=stack_env,
+        instance=dagster_instance,
+        partition_key=task_id,
+        run_config=deliberation_run_config({**TASK_CONFIG, "role": "CHEF", "num_agents": 11}),
+        raise_on_error=False,
+    )
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    message = failure.step_failure_data.user_failure_data.description
+    assert "role" in message
+    assert "num_agents" in message and "10" in message
+
+
+def test_cli_run_prints_the_decision(llm_server, ray_head, tmp_path: Path):
+    env = {
+        **os.environ,
+        "FLEET_LLM_BASE_URL": llm_server,
+        "RAY_ADDRESS": ray_head,
+        "FLEET_STATE_DIR": str(tmp_path / "state"),
+        "FLEET_MAX_TOKENS": "96",
+        "DAGSTER_HOME": str(tmp_path / "home"),
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleet_pipelines.cli",
+            "run",
+            "Write a function add(a, b) in Python.",
+            "--role",
+            "dev",
+            "--agents",
+            "2",
+            "--rounds",
+            "0",
+            "--task-id",
+            "cli-add-1",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout[done.stdout.index("{") :])
+    assert summary["task_id"] == "cli-add-1"
+    assert summary["status"] in {"COMPLETED", "PARTIAL"}
+    assert summary["winner_id"] in {"agent-dev-001", "agent-dev-002"}
+    # The run is recorded in the instance the UI reads.
+    instance = dg.DagsterInstance.from_config(str(tmp_path / "home"))
+    assert instance.get_run_by_id(summary["run_id"]).is_success
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--role", "CHEF"], "invalid choice"),
+        (["--agents", "0"], "num_agents"),
+        (["--rounds", "7"], "rounds"),
+        (["--task-id", "has spaces!"], "task_id"),
+    ],
+)
+def test_cli_rejects_bad_arguments_with_exit_code_2(args, expected, tmp_path: Path):
+    done = subprocess.run(
+        [sys.executable, "-m", "fleet_pipelines.cli", "run", "Write add(a, b).", *args],
+        env={**os.environ, "FLEET_STATE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert expected in done.stderr
