@@ -58,14 +58,15 @@ def cmd_model_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def deliberation_run_config(task_config: dict) -> dict:
-    return {"ops": {"deliberation_task": {"config": task_config}}}
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     import dagster as dg
 
-    from .assets.deliberation import DeliberationConfig, build_task, deliberation_partitions
+    from .assets.deliberation import (
+        DeliberationConfig,
+        build_task,
+        deliberation_partitions,
+        deliberation_run_config,
+    )
 
     task_id = args.task_id or f"task-{args.role.lower()}-{uuid.uuid4().hex[:10]}"
     task_config = {

@@ -39,6 +39,11 @@ class DeliberationConfig(dg.Config):
     plan_id: str | None = Field(default=None, description="Plan the task belongs to (from planning).")
 
 
+def deliberation_run_config(task_config: dict) -> dict:
+    """Run config of deliberation_job for a task config (the fields of DeliberationConfig)."""
+    return {"ops": {"deliberation_task": {"config": task_config}}}
+
+
 def validation_message(exc: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in err['loc']) or 'task'}: {err['msg']}" for err in exc.errors()

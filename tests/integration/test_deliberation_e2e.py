@@ -11,8 +11,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from fleet_pipelines.assets.deliberation import deliberation_assets, deliberation_partitions
-from fleet_pipelines.cli import deliberation_run_config
+from fleet_pipelines.assets.deliberation import (
+    deliberation_assets,
+    deliberation_partitions,
+    deliberation_run_config,
+)
 
 pytestmark = pytest.mark.integration
 
