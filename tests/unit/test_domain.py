@@ -1,0 +1,188 @@
+"""The pure domain: validation, councils, prompts and the deliberation algorithm (scripted engine double)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from pydantic import ValidationError
+
+from fleet_pipelines.domain import prompts
+from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.deliberation import current_versions, proposal_requests, review_rounds
+from fleet_pipelines.domain.models import (
+    Constraints,
+    Role,
+    Task,
+    TurnKind,
+    TurnRequest,
+    TurnResult,
+    TurnStatus,
+)
+
+SETTINGS = CouncilSettings(temperature=0.7, max_tokens=64)
+
+
+def make_task(**overrides) -> Task:
+    fields = {
+        "task_id": "t-1",
+        "description": "Build a cache.",
+        "role": Role.DEV,
+        "num_agents": 3,
+        "rounds": 1,
+    }
+    return Task(**{**fields, **overrides})
+
+
+class ScriptedEngine:
+    """Test double of a TurnRunner: answers every turn with text naming it, fails chosen agents."""
+
+    def __init__(self, fail: set[tuple[str, TurnKind]] | None = None, timeout_kind: TurnKind | None = None):
+        self.fail = fail or set()
+        self.timeout_kind = timeout_kind
+        self.batches: list[list[TurnRequest]] = []
+
+    def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        self.batches.append(list(requests))
+        results = []
+        for r in requests:
+            if r.kind is self.timeout_kind:
+                results.append(TurnResult.unfinished(r, TurnStatus.TIMEOUT, "deadline", "Timeout"))
+            elif (r.agent_id, r.kind) in self.fail:
+                results.append(TurnResult.unfinished(r, TurnStatus.FAILED, "boom", "InternalServerError"))
+            else:
+                text = f"{r.kind.value} by {r.agent_id} round {r.round} on {r.target_agent_id}"
+                results.append(
+                    TurnResult(
+                        task_id=r.task_id,
+                        agent_id=r.agent_id,
+                        role=r.role,
+                        kind=r.kind,
+                        round=r.round,
+                        target_agent_id=r.target_agent_id,
+                        status=TurnStatus.COMPLETED,
+                        content=text,
+                        tokens_out=len(text.split()),
+                    )
+                )
+        return results
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"task_id": "has space"}, "task_id"),
+        ({"task_id": "x" * 129}, "task_id"),
+        ({"role": "CHEF"}, "role"),
+        ({"num_agents": 0}, "num_agents"),
+        ({"num_agents": 11}, "num_agents"),
+        ({"rounds": 4}, "rounds"),
+        ({"description": ""}, "description"),
+        ({"description": "x" * 8_001}, "description"),
+        ({"constraints": {"requirements": ["r"] * 33}}, "requirements"),
+        ({"constraints": {"timeout_seconds": 0}}, "timeout_seconds"),
+        ({"unknown": 1}, "unknown"),
+    ],
+)
+def test_task_validation_names_the_field(overrides, field):
+    with pytest.raises(ValidationError) as exc:
+        make_task(**overrides)
+    assert field in str(exc.value)
+
+
+def test_task_accepts_the_partition_key_alphabet():
+    assert make_task(task_id="plan-1:DEV.v2_x").task_id == "plan-1:DEV.v2_x"
+
+
+def test_council_ids_and_diversity():
+    council = build_council(Role.QA, 3, SETTINGS)
+    assert [a.agent_id for a in council] == ["agent-qa-001", "agent-qa-002", "agent-qa-003"]
+    assert [a.diversity for a in council] == [False, True, True]
+    assert council[0].temperature == 0.7
+    assert council[1].temperature == pytest.approx(0.91)
+
+
+def test_diversity_temperature_is_capped():
+    council = build_council(Role.DEV, 2, CouncilSettings(temperature=1.9))
+    assert council[1].temperature == 2.0
+
+
+def test_prompts_carry_role_rubric_requirements_and_context():
+    task = make_task(
+        constraints=Constraints(
+            rubric="fast", requirements=["LRU eviction", "thread safe"], metadata={"lang": "go"}
+        )
+    )
+    baseline, diverse = build_council(Role.DEV, 2, SETTINGS)
+    system, user = prompts.proposal_messages(task, baseline)
+    assert system.content.startswith(prompts.ROLE_EXPERTISE[Role.DEV])
+    assert "Evaluation rubric: fast" in system.content
+    assert "- LRU eviction" in system.content and "- thread safe" in system.content
+    assert prompts.DIVERSITY_INSTRUCTION not in system.content
+    assert prompts.DIVERSITY_INSTRUCTION in prompts.proposal_messages(task, diverse)[0].content
+    assert user.content.startswith("Task: Build a cache.")
+    assert "Additional context:\nlang: go" in user.content
+    for section in prompts.PROPOSAL_SECTIONS:
+        assert section in user.content
+
+
+def test_rounds_critique_every_peer_and_revise_own_proposal():
+    task = make_task(rounds=2)
+    council = build_council(task.role, 3, SETTINGS)
+    engine = ScriptedEngine()
+    proposals = engine(proposal_requests(task, council, SETTINGS))
+    history = review_rounds(task, council, SETTINGS, proposals, engine)
+
+    critiques = [h for h in history if h.kind is TurnKind.CRITIQUE]
+    revisions = [h for h in history if h.kind is TurnKind.REVISE]
+    assert len(critiques) == 2 * 6 and len(revisions) == 2 * 3
+    assert all(c.agent_id != c.target_agent_id for c in critiques)
+    # A revision in round 2 starts from the author's own round-1 revision and the critiques of it.
+    round2 = next(b for b in engine.batches if b and b[0].kind is TurnKind.REVISE and b[0].round == 2)
+    prompt = round2[0].messages[-1].content
+    assert "revise by agent-dev-001 round 1" in prompt
+    assert "critique by agent-dev-002 round 2 on agent-dev-001" in prompt
+    assert "on agent-dev-002" not in prompt
+    # All versions are kept; the current one is the latest round.
+    finals = current_versions([*proposals, *history])
+    assert {a: r.round for a, r in finals.items()} == {a.agent_id: 2 for a in council}
+    assert len([*proposals, *history]) == 3 + 2 * 9
+
+
+def test_failed_proposal_drops_out_and_failed_revision_keeps_previous_version():
+    task = make_task(rounds=1)
+    council = build_council(task.role, 3, SETTINGS)
+    engine = ScriptedEngine(fail={("agent-dev-003", TurnKind.PROPOSE), ("agent-dev-002", TurnKind.REVISE)})
+    proposals = engine(proposal_requests(task, council, SETTINGS))
+    history = review_rounds(task, council, SETTINGS, proposals, engine)
+    assert all("agent-dev-003" not in (h.agent_id, h.target_agent_id) for h in history)
+    finals = current_versions([*proposals, *history])
+    assert set(finals) == {"agent-dev-001", "agent-dev-002"}
+    assert finals["agent-dev-001"].kind is TurnKind.REVISE
+    assert finals["agent-dev-002"].kind is TurnKind.PROPOSE
+
+
+def test_single_agent_or_zero_rounds_skip_review():
+    engine = ScriptedEngine()
+    solo = make_task(num_agents=1, rounds=3)
+    council = build_council(solo.role, 1, SETTINGS)
+    assert (
+        review_rounds(solo, council, SETTINGS, engine(proposal_requests(solo, council, SETTINGS)), engine)
+        == []
+    )
+    none = make_task(rounds=0)
+    council = build_council(none.role, 3, SETTINGS)
+    assert (
+        review_rounds(none, council, SETTINGS, engine(proposal_requests(none, council, SETTINGS)), engine)
+        == []
+    )
+
+
+def test_timeout_stops_further_rounds():
+    task = make_task(rounds=3)
+    council = build_council(task.role, 3, SETTINGS)
+    engine = ScriptedEngine(timeout_kind=TurnKind.CRITIQUE)
+    proposals = engine(proposal_requests(task, council, SETTINGS))
+    history = review_rounds(task, council, SETTINGS, proposals, engine)
+    assert {h.round for h in history} == {1}
+    assert all(h.status is TurnStatus.TIMEOUT for h in history)
