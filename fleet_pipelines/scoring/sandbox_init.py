@@ -41,8 +41,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 
 
 def mount(source: str | None, target: str, flags: int) -> None:
-    enc = lambda s: None if s is None else s.encode()
-    if libc.mount(enc(source), enc(target), None, flags, None) != 0:
+    src = None if source is None else source.encode()
+    if libc.mount(src, target.encode(), None, flags, None) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
