@@ -77,7 +77,7 @@ def main() -> None:
     task = Task(task_id="bench", description=DESCRIPTION, role=Role.DEV, num_agents=3, rounds=0)
     requests = proposal_requests(task, build_council(Role.DEV, 3, settings), settings)
     try:
-        with dg.instance_for_test(temp_dir=str(tmp / "dagster")) as instance:
+        with dg.instance_for_test(temp_dir=str(tmp)) as instance:
             run_pipeline(resources, instance, "warmup", 1)  # Ray connection, worker start, model warm
             rows: dict[str, list[float]] = {k: [] for k in ["one", "three", "seq", "crit3", "tok_seq"]}
             for i in range(args.repeats):
