@@ -1,0 +1,131 @@
+"""Engine and Ray faults: transient errors retried with backoff, hangs cut by timeouts, a killed
+Ray worker re-run. The engine faults use FakeOpenAIServer (llama.cpp can't 5xx or hang on cue);
+Ray is real."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, run_turn
+from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.deliberation import proposal_requests
+from fleet_pipelines.domain.models import Role, Task, TurnStatus
+from fleet_pipelines.llm.engine import EngineSettings
+from tests.fakes import FakeOpenAIServer, Fault
+
+pytestmark = pytest.mark.integration
+
+TASK = Task(task_id="faults-1", description="Write add(a, b).", role=Role.DEV, num_agents=1, rounds=0)
+SETTINGS = CouncilSettings(max_tokens=32)
+REQUEST = proposal_requests(TASK, build_council(Role.DEV, 1, SETTINGS), SETTINGS)[0]
+
+
+def engine(url: str, **overrides) -> EngineSettings:
+    fields = {
+        "base_url": url,
+        "model": "fake",
+        "request_timeout_s": 2.0,
+        "max_attempts": 3,
+        "backoff_initial_s": 0.05,
+        "backoff_max_s": 0.2,
+    }
+    return EngineSettings(**{**fields, **overrides})
+
+
+def test_transient_5xx_is_retried_and_attempts_are_recorded():
+    with FakeOpenAIServer([Fault(status=503), Fault(status=500), Fault()]).running() as fake:
+        result = run_turn(engine(fake.base_url), REQUEST)
+    assert result.status is TurnStatus.COMPLETED
+    assert result.attempts == 3 and len(fake.requests) == 3
+    assert "def add" in result.content
+
+
+def test_persistent_5xx_fails_the_turn_with_its_error_type():
+    with FakeOpenAIServer([Fault(status=500)]).running() as fake:
+        result = run_turn(engine(fake.base_url), REQUEST)
+    assert result.status is TurnStatus.FAILED
+    assert result.error_type == "InternalServerError"
+    assert result.attempts == 3 and len(fake.requests) == 3
+    assert "failed after 3 attempts" in result.error
+
+
+def test_a_request_error_is_not_retried():
+    with FakeOpenAIServer([Fault(status=400)]).running() as fake:
+        result = run_turn(engine(fake.base_url), REQUEST)
+    assert result.status is TurnStatus.FAILED
+    assert result.error_type == "BadRequestError" and len(fake.requests) == 1
+
+
+def test_a_hanging_engine_is_cut_by_the_request_timeout_then_retried():
+    with FakeOpenAIServer([Fault(delay_s=5), Fault()]).running() as fake:
+        result = run_turn(engine(fake.base_url, request_timeout_s=0.5), REQUEST)
+    assert result.status is TurnStatus.COMPLETED and result.attempts == 2
+
+
+def test_engine_down_fails_after_retries_with_connection_error():
+    from fleet_pipelines.stack import free_port
+
+    result = run_turn(engine(f"http://127.0.0.1:{free_port()}/v1"), REQUEST)
+    assert result.status is TurnStatus.FAILED and result.error_type == "APIConnectionError"
+
+
+def _turn_worker_pids() -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "cmdline").read_bytes().startswith(b"ray::run_turn"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_killed_ray_worker_is_rerun_and_the_turn_completes(ray_head):
+    import ray
+
+    ray.init(ignore_reinit_error=True, log_to_driver=False)
+    with FakeOpenAIServer([Fault(delay_s=4), Fault()]).running() as fake:
+        killed: list[int] = []
+
+        def kill_worker_mid_turn() -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not killed:
+                if fake.requests and (pids := _turn_worker_pids()):
+                    os.kill(pids[0], signal.SIGKILL)
+                    killed.append(pids[0])
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_worker_mid_turn)
+        killer.start()
+        dispatcher = RayTurnDispatcher(
+            engine(fake.base_url, request_timeout_s=10), DispatchSettings(), deadline=time.time() + 60
+        )
+        [result] = dispatcher([REQUEST])
+        killer.join()
+    assert killed, "no Ray worker was running the turn"
+    assert result.status is TurnStatus.COMPLETED
+    assert len(fake.requests) == 2  # the first attempt died with its worker; Ray re-ran the turn
+
+
+def test_deadline_cancels_unfinished_turns_as_timeout(ray_head):
+    import ray
+
+    ray.init(ignore_reinit_error=True, log_to_driver=False)
+    with FakeOpenAIServer([Fault(delay_s=20)]).running() as fake:
+        dispatcher = RayTurnDispatcher(
+            engine(fake.base_url, request_timeout_s=30, max_attempts=1),
+            DispatchSettings(),
+            deadline=time.time() + 2,
+        )
+        start = time.monotonic()
+        [result] = dispatcher([REQUEST])
+        waited = time.monotonic() - start
+    assert result.status is TurnStatus.TIMEOUT and result.error_type == "Timeout"
+    assert waited < 15  # cut at the deadline, not after the engine's 20 s
