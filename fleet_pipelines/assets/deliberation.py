@@ -15,9 +15,10 @@ from pydantic import Field, ValidationError
 from ..domain.council import build_council
 from ..domain.decision import decide, rank
 from ..domain.deliberation import current_versions, proposal_requests, review_rounds
-from ..domain.models import Task
-from ..domain.scoring import score_proposal
+from ..domain.models import Task, TurnKind
+from ..domain.scoring import gate_failures
 from ..resources.council import CouncilResource
+from ..scoring.checks import score_finals
 from . import frames
 
 deliberation_partitions = dg.DynamicPartitionsDefinition(name="deliberations")
@@ -35,6 +36,15 @@ class DeliberationConfig(dg.Config):
     requirements: list[str] = Field(default_factory=list, description="Requirements each proposal must meet.")
     metadata: dict[str, str] = Field(default_factory=dict, description="Extra context shown to agents.")
     timeout_seconds: float = Field(default=300.0, description="Deliberation deadline in seconds.")
+    tests: str = Field(
+        default="",
+        description="Python test code run in the sandbox against each proposal's code "
+        "(asserts and/or test_* functions; the proposal is importable as `solution`).",
+    )
+    examples: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="Input/output examples, each {call: Python expression, expected: Python expression}.",
+    )
     story_id: str | None = Field(default=None, description="Story the task belongs to (from planning).")
     plan_id: str | None = Field(default=None, description="Plan the task belongs to (from planning).")
 
@@ -65,6 +75,8 @@ def build_task(task_id: str, config: DeliberationConfig) -> Task:
                     "requirements": config.requirements,
                     "metadata": config.metadata,
                     "timeout_seconds": config.timeout_seconds,
+                    "tests": config.tests,
+                    "examples": config.examples,
                 },
                 "story_id": config.story_id,
                 "plan_id": config.plan_id,
@@ -154,19 +166,44 @@ def reviews(
 
 @dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
 def scores(
+    context: dg.AssetExecutionContext,
     deliberation_task: pd.DataFrame,
     proposals: pd.DataFrame,
     reviews: pd.DataFrame,
     council: CouncilResource,
 ) -> dg.Output[pd.DataFrame]:
-    """Each agent's final proposal scored by checks, with the evidence of each check."""
+    """Each agent's final proposal scored by checks (parse, ruff, tests in the sandbox, coverage,
+    LLM judge), with the evidence of each check and the peer critiques it received."""
     task = frames.task_from_frame(deliberation_task)
     agents = build_council(task.role, task.num_agents, council.council_settings())
-    finals = current_versions([*frames.turns_from_frame(proposals), *frames.turns_from_frame(reviews)])
-    weights = council.scoring_weights()
-    scored = [score_proposal(task, finals[a.agent_id], weights) for a in agents if a.agent_id in finals]
-    ranking = rank({s.agent_id: s.score for s in scored}, agents)
+    history = [*frames.turns_from_frame(proposals), *frames.turns_from_frame(reviews)]
+    finals = current_versions(history)
+    scored = score_finals(
+        task,
+        agents,
+        finals,
+        council.scoring_weights(),
+        council.sandbox_limits(),
+        council.dispatcher(_deadline(context, task)),
+        council.judge_max_tokens,
+    )
+    ranking = rank(
+        {s.agent_id: s.score for s in scored}, agents, {s.agent_id: s.value("judge") for s in scored}
+    )
     df = frames.scores_to_frame(scored, ranking, finals)
+    if len(df):
+        received = {
+            agent_id: [
+                {"critic": t.agent_id, "round": t.round, "critique": t.content}
+                for t in history
+                if t.kind is TurnKind.CRITIQUE and t.ok and t.target_agent_id == agent_id
+            ]
+            for agent_id in df["agent_id"]
+        }
+        df["critiques"] = df["agent_id"].map(lambda a: json.dumps(received[a]))
+        df["gate_failures"] = df["agent_id"].map(
+            lambda a: json.dumps(gate_failures(next(s for s in scored if s.agent_id == a)))
+        )
     check_columns = [c for c in df.columns if c.startswith("check_")]
     metadata: dict[str, dg.RawMetadataValue] = {
         "scores": frames.table(
@@ -180,6 +217,14 @@ def scores(
         metadata["winner_proposal"] = dg.MetadataValue.md(f"## {top['agent_id']}\n\n{top['content']}")
         metadata["evidence"] = dg.MetadataValue.json(
             {row["agent_id"]: json.loads(row["evidence"]) for row in df.to_dict("records")}
+        )
+        metadata["critiques_received"] = dg.MetadataValue.md(
+            "\n\n".join(
+                f"### {c['critic']} on {agent_id} (round {c['round']})\n\n{c['critique'][:1_500]}"
+                for agent_id, critiques in received.items()
+                for c in critiques
+            )
+            or "_no critiques_"
         )
     return dg.Output(df, metadata=metadata)
 
@@ -197,7 +242,15 @@ def decision(
     agents = build_council(task.role, task.num_agents, council.council_settings())
     turns = [*frames.turns_from_frame(proposals), *frames.turns_from_frame(reviews)]
     finals = current_versions(turns)
-    result = decide(agents, turns, finals, dict(zip(scores["agent_id"], scores["score"], strict=True)))
+    judge = dict(zip(scores["agent_id"], scores["check_judge"], strict=True)) if len(scores) else {}
+    result = decide(
+        agents,
+        turns,
+        finals,
+        dict(zip(scores["agent_id"], scores["score"], strict=True)),
+        {a: (None if pd.isna(v) else float(v)) for a, v in judge.items()},
+        council.quorum,
+    )
     winner_content = finals[result.winner_id].content if result.winner_id else ""
     ranking_md = "\n".join(f"{r.rank}. {r.agent_id} — {r.score:.3f}" for r in result.ranking) or "_none_"
     return dg.Output(
@@ -211,4 +264,48 @@ def decision(
     )
 
 
-deliberation_assets = [deliberation_task, proposals, reviews, scores, decision]
+@dg.asset_check(
+    asset=decision,
+    blocking=True,
+    description="A quorum of agents (default a majority) delivered a final proposal. Blocking: a FAILED "
+    "or TIMEOUT deliberation shows red and nothing downstream runs on it.",
+)
+def quorum_met(decision: pd.DataFrame) -> dg.AssetCheckResult:
+    row = decision.iloc[0]
+    return dg.AssetCheckResult(
+        passed=bool(row["usable_agents"] >= row["quorum"]),
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=f"{row['usable_agents']} agents with a final proposal, quorum {row['quorum']}",
+        metadata={
+            "status": str(row["status"]),
+            "usable_agents": int(row["usable_agents"]),
+            "quorum": int(row["quorum"]),
+            "failed_agents": str(row["failed_agents"]),
+            "timed_out_agents": str(row["timed_out_agents"]),
+        },
+    )
+
+
+@dg.asset_check(
+    asset=decision,
+    additional_ins={"scores": dg.AssetIn("scores")},
+    description="The winner's code parses and passes the task's tests (tests that could not run count "
+    "as not passed). A warning: the decision stands, the UI says it is unverified.",
+)
+def winner_passes_checks(decision: pd.DataFrame, scores: pd.DataFrame) -> dg.AssetCheckResult:
+    winner = decision.iloc[0]["winner_id"]
+    if winner is None or winner not in set(scores["agent_id"]):
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, description="no winner")
+    row = scores[scores["agent_id"] == winner].iloc[0]
+    failures = json.loads(row["gate_failures"])
+    return dg.AssetCheckResult(
+        passed=not failures,
+        severity=dg.AssetCheckSeverity.WARN,
+        description="; ".join(failures) or f"{winner} passes its code and test checks",
+        metadata={"winner": str(winner), "evidence": dg.MetadataValue.json(json.loads(row["evidence"]))},
+    )
+
+
+deliberation_checks = [quorum_met, winner_passes_checks]
+# Dagster takes asset checks wherever it takes assets: the job and Definitions get both from here.
+deliberation_assets = [deliberation_task, proposals, reviews, scores, decision, *deliberation_checks]

@@ -67,6 +67,8 @@ def scores_to_frame(
         row["final_round"] = final.round if final else None
         row["content"] = final.content if final else ""
         rows.append(row)
+    if not rows:  # no usable proposal: an empty frame that still has the columns readers use
+        return pd.DataFrame(columns=["agent_id", "rank", "score", "evidence", "requirements", "content"])
     return pd.DataFrame(rows).sort_values("rank", na_position="last").reset_index(drop=True)
 
 

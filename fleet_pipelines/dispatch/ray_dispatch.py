@@ -18,18 +18,25 @@ from ray.exceptions import RayError
 
 from ..domain.models import TurnRequest, TurnResult, TurnStatus
 from ..llm.engine import ChatEngine, EngineError, EngineSettings
+from ..llm.vllm_actor import VLLMActorEngine, VLLMActorSettings
 
-_engines: dict[EngineSettings, ChatEngine] = {}
+# The backend follows the settings' type: an OpenAI-compatible server, or the vLLM engine actor.
+AnyEngineSettings = EngineSettings | VLLMActorSettings
+_engines: dict[AnyEngineSettings, ChatEngine | VLLMActorEngine] = {}
 
 
-def run_turn(settings: EngineSettings, request: TurnRequest) -> TurnResult:
+def run_turn(settings: AnyEngineSettings, request: TurnRequest) -> TurnResult:
     """One agent turn against the engine; runs inside a Ray worker (or inline in tests)."""
     engine = _engines.get(settings)
     if engine is None:
-        engine = _engines[settings] = ChatEngine(settings)
+        engine = _engines[settings] = (
+            VLLMActorEngine(settings) if isinstance(settings, VLLMActorSettings) else ChatEngine(settings)
+        )
     start = time.perf_counter()
     try:
-        completion = engine.complete(request.messages, request.temperature, request.max_tokens)
+        completion = engine.complete(
+            request.messages, request.temperature, request.max_tokens, request.response_schema
+        )
     except EngineError as exc:
         failed = TurnResult.unfinished(request, TurnStatus.FAILED, str(exc), exc.kind)
         return failed.model_copy(
@@ -68,7 +75,7 @@ class DispatchSettings:
 class RayTurnDispatcher:
     """Runs batches of turns on the connected Ray cluster, honouring a wall-clock deadline."""
 
-    def __init__(self, engine: EngineSettings, settings: DispatchSettings, deadline: float | None = None):
+    def __init__(self, engine: AnyEngineSettings, settings: DispatchSettings, deadline: float | None = None):
         self.engine = engine
         self.settings = settings
         self.deadline = deadline  # time.time() at which unfinished turns are cut off

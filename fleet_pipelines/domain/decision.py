@@ -26,16 +26,38 @@ class Decision(BaseModel):
     timed_out_agents: list[str]
 
 
-def quorum_for(num_agents: int) -> int:
-    """A majority of the council."""
-    return num_agents // 2 + 1
+def quorum_for(num_agents: int, quorum: int | None = None) -> int:
+    """`quorum` agents when configured (capped at the council size), else a majority."""
+    return min(quorum, num_agents) if quorum else num_agents // 2 + 1
 
 
-def rank(scores: Mapping[str, float], council: Sequence[AgentSpec]) -> list[RankedProposal]:
-    """Highest score first; equal scores keep council order (the baseline agent first)."""
+def rank(
+    scores: Mapping[str, float],
+    council: Sequence[AgentSpec],
+    judge: Mapping[str, float | None] | None = None,
+) -> list[RankedProposal]:
+    """Highest score first; equal scores are ordered by the judge's score (a judge that gave no
+    verdict counts lowest), then by council order (the baseline agent first)."""
     order = {a.agent_id: a.index for a in council}
-    ranked = sorted(scores.items(), key=lambda item: (-item[1], order.get(item[0], 1_000)))
+    verdicts = judge or {}
+
+    def key(item: tuple[str, float]) -> tuple[float, float, int]:
+        verdict = verdicts.get(item[0])
+        return (-item[1], -(verdict if verdict is not None else -1.0), order.get(item[0], 1_000))
+
+    ranked = sorted(scores.items(), key=key)
     return [RankedProposal(rank=i, agent_id=a, score=s) for i, (a, s) in enumerate(ranked, 1)]
+
+
+def tie_reason(ranking: Sequence[RankedProposal], judge: Mapping[str, float | None]) -> str | None:
+    """How a tie at the top was broken, when there was one."""
+    if len(ranking) < 2 or ranking[0].score != ranking[1].score:
+        return None
+    first, second = ranking[0].agent_id, ranking[1].agent_id
+    a, b = judge.get(first), judge.get(second)
+    if a is not None and a != (b if b is not None else -1.0):
+        return f"tie at {ranking[0].score:.3f} broken by the judge ({first} {a:.2f} vs {second} {b})"
+    return f"tie at {ranking[0].score:.3f} not separated by the judge; council order kept ({first} first)"
 
 
 def decide(
@@ -43,14 +65,17 @@ def decide(
     turns: Sequence[TurnResult],
     finals: Mapping[str, TurnResult],
     scores: Mapping[str, float],
+    judge: Mapping[str, float | None] | None = None,
+    quorum: int | None = None,
 ) -> Decision:
     """COMPLETED: every agent delivered and no turn failed. PARTIAL: a quorum of agents have a
     final proposal but some turn failed or timed out. TIMEOUT: no quorum and the deadline cut
-    turns off. FAILED: no quorum otherwise."""
-    quorum = quorum_for(len(council))
+    turns off. FAILED: no quorum otherwise (no usable proposal, or too few)."""
+    quorum = quorum_for(len(council), quorum)
+    judge = judge or {}
     failed = sorted({t.agent_id for t in turns if t.status is TurnStatus.FAILED})
     timed_out = sorted({t.agent_id for t in turns if t.status is TurnStatus.TIMEOUT})
-    ranking = rank({a: s for a, s in scores.items() if a in finals}, council)
+    ranking = rank({a: s for a, s in scores.items() if a in finals}, council, judge)
     usable = len(finals)
     reasons: list[str] = []
     if usable == len(council) and not failed and not timed_out:
@@ -74,6 +99,9 @@ def decide(
         winner_id = winner.agent_id
         runner_up = f", next {ranking[1].agent_id} at {ranking[1].score:.3f}" if len(ranking) > 1 else ""
         reasons.insert(0, f"{winner.agent_id} ranked first with score {winner.score:.3f}{runner_up}")
+        tie = tie_reason(ranking, judge)
+        if tie:
+            reasons.insert(1, tie)
     return Decision(
         status=status,
         winner_id=winner_id,

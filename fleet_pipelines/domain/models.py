@@ -20,6 +20,9 @@ MAX_METADATA_ENTRIES = 32
 MAX_METADATA_VALUE_CHARS = 1_000
 MAX_AGENTS = 10
 MAX_ROUNDS = 3
+MAX_TEST_CHARS = 20_000
+MAX_EXAMPLES = 32
+MAX_EXAMPLE_CHARS = 1_000
 
 
 class Role(StrEnum):
@@ -43,6 +46,7 @@ class TurnKind(StrEnum):
     PROPOSE = "propose"
     CRITIQUE = "critique"
     REVISE = "revise"
+    JUDGE = "judge"  # scoring: the LLM judge rates a final proposal against the rubric
 
 
 class TurnStatus(StrEnum):
@@ -54,6 +58,16 @@ class TurnStatus(StrEnum):
 TaskId = Annotated[str, StringConstraints(pattern=TASK_ID_PATTERN)]
 Requirement = Annotated[str, StringConstraints(min_length=1, max_length=MAX_REQUIREMENT_CHARS)]
 MetadataValue = Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE_CHARS)]
+ExampleExpr = Annotated[str, StringConstraints(min_length=1, max_length=MAX_EXAMPLE_CHARS)]
+
+
+class TaskExample(BaseModel):
+    """An input/output example: `call` evaluated against the proposal's code must equal `expected`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    call: ExampleExpr = Field(description="A Python expression, e.g. `is_palindrome('A b a')`.")
+    expected: ExampleExpr = Field(description="A Python expression for the expected value, e.g. `True`.")
 
 
 class Constraints(BaseModel):
@@ -66,6 +80,13 @@ class Constraints(BaseModel):
     metadata: dict[str, MetadataValue] = Field(default_factory=dict, max_length=MAX_METADATA_ENTRIES)
     max_iterations: int | None = Field(default=None, ge=1, le=10)
     timeout_seconds: float = Field(default=300.0, gt=0, le=3_600)
+    tests: str = Field(
+        default="",
+        max_length=MAX_TEST_CHARS,
+        description="Python test code run in the sandbox against the proposal's code: top-level "
+        "asserts and/or `test_*` functions; the proposal's names are imported from `solution`.",
+    )
+    examples: list[TaskExample] = Field(default_factory=list, max_length=MAX_EXAMPLES)
 
 
 class Task(BaseModel):
@@ -116,6 +137,7 @@ class TurnRequest(BaseModel):
     temperature: float
     max_tokens: int
     target_agent_id: str | None = None  # for a critique: whose proposal is critiqued
+    response_schema: dict | None = None  # JSON schema the reply must follow (engine-enforced)
 
 
 class TurnResult(BaseModel):

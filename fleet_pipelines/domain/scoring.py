@@ -1,9 +1,14 @@
 """Scoring of final proposals by checks that can fail.
 
 Each check returns a value in [0, 1], or None when it does not apply (no requirements given, no
-code to parse), and the evidence that led to it. The score is the weighted mean of the checks
-that apply; a proposal with no text scores 0. Nothing here is a constant: every value is read
-off the proposal.
+code to parse, tests not run), and the evidence that led to it. The score is the weighted mean of
+the checks that apply; a proposal with no text scores 0. Nothing here is a constant: every value
+is read off the proposal.
+
+The checks computed here are pure (code extraction and parsing, requirement coverage, sections).
+The checks that need a process or the engine (ruff lint, tests in the sandbox, the LLM judge) run
+in `fleet_pipelines.scoring` from the programs, prompts and parsers defined here, and come back
+as `CheckResult`s that `score_proposal` weighs with the rest.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .models import Role, Task, TurnResult
+from .models import Constraints, Message, Role, Task, TurnResult
 from .prompts import PROPOSAL_SECTIONS
 
 CODE_ROLES = frozenset({Role.DEV, Role.QA, Role.DEVOPS, Role.DATA})
@@ -33,7 +38,17 @@ _LANG_ALIASES = {
     "json": "json",
     "yaml": "yaml",
     "yml": "yaml",
+    "dockerfile": "dockerfile",
+    "docker": "dockerfile",
 }
+DOCKERFILE_INSTRUCTIONS = frozenset(
+    "FROM RUN CMD LABEL MAINTAINER EXPOSE ENV ADD COPY ENTRYPOINT VOLUME USER WORKDIR ARG ONBUILD "
+    "STOPSIGNAL HEALTHCHECK SHELL".split()
+)
+TEST_FRAMEWORK_IMPORT = re.compile(r"^\s*(import|from)\s+(pytest|unittest)\b", re.MULTILINE)
+TEST_RESULTS_MARKER = "@@fleet-test-results@@"
+JUDGE_MAX_PROPOSAL_CHARS = 6_000
+JUDGE_RATIONALE_CHARS = 200
 _SECTION_KEYWORDS = {
     PROPOSAL_SECTIONS[0]: ("requirement",),
     PROPOSAL_SECTIONS[1]: ("approach", "solution"),
@@ -44,14 +59,18 @@ COVERAGE_THRESHOLD = 0.6
 
 
 class ScoringWeights(BaseModel):
-    """Relative weights of the checks; only the checks that apply to a proposal are averaged."""
+    """Relative weights of the checks; only the checks that apply to a proposal are averaged,
+    so a check that does not apply (no tests given, no Python code) neither helps nor hurts."""
 
     model_config = ConfigDict(frozen=True)
 
-    code_present: float = Field(default=0.15, ge=0)
-    code_parses: float = Field(default=0.40, ge=0)
-    requirement_coverage: float = Field(default=0.30, ge=0)
-    sections: float = Field(default=0.15, ge=0)
+    code_present: float = Field(default=0.05, ge=0, description="Fenced code blocks present.")
+    code_parses: float = Field(default=0.20, ge=0, description="Share of checkable blocks that parse.")
+    lint: float = Field(default=0.10, ge=0, description="ruff on the extracted Python: 1 - 0.2 per issue.")
+    tests: float = Field(default=0.35, ge=0, description="Share of the task's tests passed in the sandbox.")
+    requirement_coverage: float = Field(default=0.15, ge=0, description="Share of requirements met.")
+    sections: float = Field(default=0.05, ge=0, description="Share of requested sections addressed.")
+    judge: float = Field(default=0.10, ge=0, description="LLM judge's rubric score / 10.")
 
 
 class CodeBlock(BaseModel):
@@ -61,8 +80,10 @@ class CodeBlock(BaseModel):
 
 class CheckResult(BaseModel):
     name: str
-    value: float | None  # None: the check does not apply to this proposal
-    evidence: str
+    value: float | None  # None: the check does not apply to this proposal (or could not run)
+    evidence: str  # the reason, in words
+    ran: str = ""  # what was run (command, program, prompt), when something was run
+    output: str = ""  # an excerpt of what it printed or replied
 
 
 class RequirementVerdict(BaseModel):
@@ -81,6 +102,28 @@ class ProposalScore(BaseModel):
 
     def check(self, name: str) -> CheckResult | None:
         return next((c for c in self.checks if c.name == name), None)
+
+    def value(self, name: str) -> float | None:
+        check = self.check(name)
+        return check.value if check else None
+
+
+GATE_CHECKS = ("code_parses", "tests")
+
+
+def gate_failures(score: ProposalScore) -> list[str]:
+    """Why a proposal does not pass its hard checks: code that must parse and tests that must
+    pass. A check that could not run (tests not run: no isolation) is a failure here, not a pass."""
+    failures = []
+    for name in GATE_CHECKS:
+        check = score.check(name)
+        if check is None:
+            continue
+        if check.value is None and check.ran:
+            failures.append(f"{name}: {check.evidence}")
+        elif check.value is not None and check.value < 1.0:
+            failures.append(f"{name} = {check.value:.2f}: {check.evidence}")
+    return failures
 
 
 def extract_code_blocks(text: str) -> list[CodeBlock]:
@@ -102,6 +145,8 @@ def parse_block(block: CodeBlock) -> tuple[bool | None, str]:
             json.loads(block.code)
         elif language == "yaml":
             yaml.safe_load(block.code)
+        elif language == "dockerfile":
+            return parse_dockerfile(block.code)
         else:
             return None, f"{block.language or 'untagged'} block not checked"
     except SyntaxError as exc:
@@ -111,6 +156,159 @@ def parse_block(block: CodeBlock) -> tuple[bool | None, str]:
     except yaml.YAMLError as exc:
         return False, f"yaml: {str(exc).splitlines()[0]}"
     return True, f"{language}: parses"
+
+
+def parse_dockerfile(code: str) -> tuple[bool, str]:
+    """Every instruction is a known keyword and the first one (after ARGs) is FROM."""
+    logical = re.sub(r"\\\n", " ", code)
+    instructions = [
+        line.split(None, 1)[0].upper()
+        for line in logical.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    unknown = [i for i in instructions if i not in DOCKERFILE_INSTRUCTIONS]
+    if unknown:
+        return False, f"dockerfile: unknown instruction {unknown[0]}"
+    first = next((i for i in instructions if i != "ARG"), None)
+    if first != "FROM":
+        return False, f"dockerfile: first instruction is {first or 'missing'}, not FROM"
+    return True, f"dockerfile: {len(instructions)} instructions"
+
+
+def python_source(blocks: Sequence[CodeBlock]) -> str:
+    """The proposal's program: its Python blocks that parse, in order, joined. Blocks that import
+    a test framework are the proposal's own tests and are left out (the sandbox has no pytest)."""
+    parts = []
+    for block in blocks:
+        if _LANG_ALIASES.get(block.language) != "python" or TEST_FRAMEWORK_IMPORT.search(block.code):
+            continue
+        if parse_block(block)[0]:
+            parts.append(block.code.rstrip() + "\n")
+    return "\n\n".join(parts)
+
+
+_HARNESS = """\
+import json, sys, traceback
+
+results = []
+
+
+def record(name, passed, detail=""):
+    results.append({{"name": name, "passed": passed, "detail": detail[-600:]}})
+
+
+def finish():
+    print({marker!r} + json.dumps(results))
+    sys.exit(0 if results and all(r["passed"] for r in results) else 1)
+
+
+try:
+    import solution
+    from solution import *
+except BaseException:
+    record("import solution", False, traceback.format_exc(limit=3))
+    finish()
+
+for call, expected in {examples!r}:
+    try:
+        got, want = eval(call), eval(expected)
+        record(f"example: {{call}}", got == want, f"got {{got!r}}, expected {{want!r}}")
+    except BaseException:
+        record(f"example: {{call}}", False, traceback.format_exc(limit=2))
+
+TESTS = {tests!r}
+if TESTS:
+    namespace = {{k: v for k, v in vars(solution).items() if not k.startswith("__")}}
+    namespace.update(__name__="fleet_tests", solution=solution)
+    try:
+        exec(compile(TESTS, "tests.py", "exec"), namespace)
+    except BaseException:
+        record("tests (top level)", False, traceback.format_exc(limit=3))
+    else:
+        functions = [(k, v) for k, v in namespace.items() if k.startswith("test_") and callable(v)]
+        if not functions:
+            record("tests (top level)", True)
+        for name, function in functions:
+            try:
+                function()
+                record(name, True)
+            except BaseException:
+                record(name, False, traceback.format_exc(limit=3))
+finish()
+"""
+
+
+def harness_program(constraints: Constraints) -> str | None:
+    """The sandbox's main.py that runs the task's tests and examples against `solution.py` and
+    prints one result line after TEST_RESULTS_MARKER; None when the task carries no tests."""
+    if not constraints.tests.strip() and not constraints.examples:
+        return None
+    examples = [(e.call, e.expected) for e in constraints.examples]
+    return _HARNESS.format(marker=TEST_RESULTS_MARKER, examples=examples, tests=constraints.tests)
+
+
+class CaseOutcome(BaseModel):
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+def parse_harness_results(stdout: str) -> list[CaseOutcome] | None:
+    """The harness's result line, or None when the program never printed it (killed, timed out)."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(TEST_RESULTS_MARKER):
+            try:
+                return [CaseOutcome.model_validate(r) for r in json.loads(line[len(TEST_RESULTS_MARKER) :])]
+            except (ValueError, TypeError):
+                return None
+    return None
+
+
+JUDGE_SCHEMA: dict = {
+    "type": "object",
+    "properties": {
+        "score": {"type": "integer", "minimum": 0, "maximum": 10},
+        "rationale": {"type": "string", "maxLength": JUDGE_RATIONALE_CHARS},
+    },
+    "required": ["score", "rationale"],
+    "additionalProperties": False,
+}
+
+
+class JudgeVerdict(BaseModel):
+    score: float = Field(ge=0, le=10)
+    rationale: str = ""
+
+
+def judge_messages(task: Task, proposal_text: str) -> list[Message]:
+    rubric = task.constraints.rubric or "correctness, completeness, clarity"
+    requirements = "\n".join(f"- {r}" for r in task.constraints.requirements) or "- (none given)"
+    system = (
+        "You are a strict reviewer. Rate how well the proposal solves the task against the rubric "
+        "and the requirements, from 0 (useless or wrong) to 10 (correct and complete). Reply with "
+        'JSON only: {"score": <integer 0-10>, "rationale": "<one sentence>"}.'
+    )
+    user = (
+        f"Task: {task.description}\n\nRubric: {rubric}\n\nRequirements:\n{requirements}\n\n"
+        f"Proposal:\n{proposal_text[:JUDGE_MAX_PROPOSAL_CHARS]}"
+    )
+    return [Message(role="system", content=system), Message(role="user", content=user)]
+
+
+def parse_judge_reply(text: str) -> JudgeVerdict | None:
+    """The verdict in a judge reply: the whole reply as JSON, else the first {...} in it
+    (engines without schema support wrap JSON in prose or fences); None when neither parses."""
+    stripped = text.strip()
+    candidates = [stripped]
+    match = re.search(r"\{.*\}", stripped, re.DOTALL)
+    if match:
+        candidates.append(match.group(0))
+    for candidate in candidates:
+        try:
+            return JudgeVerdict.model_validate_json(candidate)
+        except ValueError:
+            continue
+    return None
 
 
 def _keywords(text: str) -> list[str]:
@@ -155,7 +353,13 @@ def requirement_verdicts(requirements: Sequence[str], text: str) -> list[Require
     return verdicts
 
 
-def score_proposal(task: Task, proposal: TurnResult, weights: ScoringWeights) -> ProposalScore:
+def score_proposal(
+    task: Task,
+    proposal: TurnResult,
+    weights: ScoringWeights,
+    tool_checks: Sequence[CheckResult] = (),
+) -> ProposalScore:
+    """Scores a final proposal from the pure checks plus `tool_checks` (lint, tests, judge)."""
     text = proposal.content if proposal.ok else ""
     blocks = extract_code_blocks(text)
     checks: list[CheckResult] = []
@@ -198,6 +402,7 @@ def score_proposal(task: Task, proposal: TurnResult, weights: ScoringWeights) ->
             evidence=f"sections addressed: {', '.join(found) or 'none'}",
         )
     )
+    checks.extend(tool_checks)
 
     applicable = [(getattr(weights, c.name), c.value) for c in checks if c.value is not None]
     total_weight = sum(w for w, _ in applicable)

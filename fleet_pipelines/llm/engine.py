@@ -78,8 +78,24 @@ class ChatEngine:
             max_retries=0,  # tenacity owns retries, so attempts are counted and reported
         )
 
-    def complete(self, messages: list[Message], temperature: float, max_tokens: int) -> Completion:
+    def complete(
+        self,
+        messages: list[Message],
+        temperature: float,
+        max_tokens: int,
+        response_schema: dict | None = None,
+    ) -> Completion:
+        """One chat completion; with `response_schema` the engine constrains the reply to that
+        JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM guided decoding)."""
         s = self.settings
+        response_format = (
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "reply", "strict": True, "schema": response_schema},
+            }
+            if response_schema
+            else openai.NOT_GIVEN
+        )
         retrying = Retrying(
             retry=retry_if_exception_type(TRANSIENT_ERRORS),
             stop=stop_after_attempt(s.max_attempts),
@@ -95,6 +111,7 @@ class ChatEngine:
                         messages=[m.model_dump() for m in messages],
                         temperature=temperature,
                         max_tokens=max_tokens,
+                        response_format=response_format,
                     )
         except RetryError as exc:
             last = exc.last_attempt.exception()

@@ -1,0 +1,186 @@
+"""The checks that need a process or the engine: ruff lint, the task's tests in the sandbox, and
+the LLM judge. Each returns a `CheckResult` with what was run, an output excerpt and the reason;
+`score_finals` adds them to the pure checks of `domain.scoring` and weighs them all.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..domain.deliberation import TurnRunner
+from ..domain.models import AgentSpec, Task, TurnKind, TurnRequest, TurnResult
+from ..domain.scoring import (
+    JUDGE_SCHEMA,
+    CheckResult,
+    ProposalScore,
+    ScoringWeights,
+    extract_code_blocks,
+    harness_program,
+    judge_messages,
+    parse_harness_results,
+    parse_judge_reply,
+    python_source,
+    score_proposal,
+)
+from .sandbox import SandboxLimits, run_python
+
+LINT_PENALTY_PER_ISSUE = 0.2
+RUFF_RULES = "E4,E7,E9,F"  # ruff's defaults: syntax, undefined names, unused imports, ...
+JUDGE_AGENT_ID = "judge"
+_EXCERPT = 1_500
+
+
+def _ruff() -> str | None:
+    beside = Path(sys.executable).with_name("ruff")
+    return str(beside) if beside.exists() else shutil.which("ruff")
+
+
+def lint_check(code: str) -> CheckResult:
+    """ruff on the extracted Python with its default rules and no project config: 1 - 0.2 per issue."""
+    if not code.strip():
+        return CheckResult(name="lint", value=None, evidence="no Python code to lint")
+    ruff = _ruff()
+    if ruff is None:
+        return CheckResult(name="lint", value=None, evidence="not run: ruff is not installed")
+    argv = [ruff, "check", "--isolated", "--select", RUFF_RULES, "--output-format", "json"]
+    argv += ["--stdin-filename", "solution.py", "-"]
+    done = subprocess.run(argv, input=code, capture_output=True, text=True, timeout=60)
+    ran = f"ruff check --isolated --select {RUFF_RULES} solution.py"
+    try:
+        issues = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return CheckResult(
+            name="lint",
+            value=None,
+            evidence="ruff output unreadable",
+            ran=ran,
+            output=done.stderr[-_EXCERPT:],
+        )
+    lines = [
+        f"line {i['location']['row']}: {i.get('code') or 'syntax'} {i['message']}"
+        for i in issues
+        if i.get("location")
+    ]
+    return CheckResult(
+        name="lint",
+        value=round(max(0.0, 1.0 - LINT_PENALTY_PER_ISSUE * len(issues)), 4),
+        evidence=f"{len(issues)} ruff issue(s)",
+        ran=ran,
+        output="\n".join(lines)[:_EXCERPT],
+    )
+
+
+def tests_check(task: Task, code: str, limits: SandboxLimits) -> CheckResult:
+    """The task's tests and examples run in the sandbox against the proposal's code (`solution.py`)."""
+    program = harness_program(task.constraints)
+    if program is None:
+        return CheckResult(name="tests", value=None, evidence="the task carries no tests")
+    if not code.strip():
+        return CheckResult(name="tests", value=0.0, evidence="no Python code that parses to test")
+    result = run_python(program, limits, files={"solution.py": code})
+    ran = (
+        f"sandbox: {len(task.constraints.examples)} example(s) + task tests against solution.py "
+        f"({result.status}, {result.duration_s:.2f} s)"
+    )
+    if result.status in ("not_run", "error"):
+        return CheckResult(
+            name="tests",
+            value=None,
+            evidence=f"not run: {result.reason}",
+            ran=ran,
+            output=result.stderr[-500:],
+        )
+    outcomes = parse_harness_results(result.stdout)
+    if not outcomes:
+        return CheckResult(
+            name="tests",
+            value=0.0,
+            evidence=f"{result.status}: {result.reason}; no test results reported",
+            ran=ran,
+            output=(result.stdout[-700:] + "\n" + result.stderr[-700:]).strip(),
+        )
+    passed = sum(o.passed for o in outcomes)
+    failures = "\n".join(f"FAIL {o.name}: {o.detail}" for o in outcomes if not o.passed)
+    if (passed == len(outcomes)) != (result.status == "passed"):
+        return CheckResult(
+            name="tests",
+            value=0.0,
+            evidence=f"reported {passed}/{len(outcomes)} passed but the run {result.reason}: not trusted",
+            ran=ran,
+            output=(failures + "\n" + result.stderr[-700:]).strip()[:_EXCERPT],
+        )
+    return CheckResult(
+        name="tests",
+        value=round(passed / len(outcomes), 4),
+        evidence=f"{passed}/{len(outcomes)} tests passed",
+        ran=ran,
+        output=(failures or "all passed")[:_EXCERPT],
+    )
+
+
+def judge_requests(task: Task, finals: Mapping[str, TurnResult], max_tokens: int) -> list[TurnRequest]:
+    """One judge turn per final proposal, greedy, constrained to JUDGE_SCHEMA where the engine can."""
+    return [
+        TurnRequest(
+            task_id=task.task_id,
+            agent_id=JUDGE_AGENT_ID,
+            role=task.role,
+            kind=TurnKind.JUDGE,
+            round=final.round,
+            messages=judge_messages(task, final.content),
+            temperature=0.0,
+            max_tokens=max_tokens,
+            target_agent_id=agent_id,
+            response_schema=JUDGE_SCHEMA,
+        )
+        for agent_id, final in finals.items()
+    ]
+
+
+def judge_check(result: TurnResult | None) -> CheckResult:
+    """The judge's verdict as a check; a failed turn or an unparseable reply is recorded, not scored."""
+    ran = "LLM judge against the rubric (JSON schema response)"
+    if result is None or not result.ok:
+        why = "no judge turn" if result is None else f"judge turn {result.status.value}: {result.error}"
+        return CheckResult(name="judge", value=None, evidence=f"not scored: {why}", ran=ran)
+    verdict = parse_judge_reply(result.content)
+    if verdict is None:
+        return CheckResult(
+            name="judge",
+            value=None,
+            evidence="not scored: judge reply unparseable",
+            ran=ran,
+            output=result.content[:500],
+        )
+    return CheckResult(
+        name="judge",
+        value=round(verdict.score / 10, 4),
+        evidence=f"judge {verdict.score:g}/10: {verdict.rationale}",
+        ran=ran,
+        output=result.content[:500],
+    )
+
+
+def score_finals(
+    task: Task,
+    council: Sequence[AgentSpec],
+    finals: Mapping[str, TurnResult],
+    weights: ScoringWeights,
+    limits: SandboxLimits,
+    run_turns: TurnRunner,
+    judge_max_tokens: int,
+) -> list[ProposalScore]:
+    """Every final proposal scored, in council order; judge turns go to the engine as one batch."""
+    ordered = {a.agent_id: finals[a.agent_id] for a in council if a.agent_id in finals}
+    verdicts = {r.target_agent_id: r for r in run_turns(judge_requests(task, ordered, judge_max_tokens))}
+    scored = []
+    for agent_id, final in ordered.items():
+        code = python_source(extract_code_blocks(final.content))
+        tool_checks = [lint_check(code), tests_check(task, code, limits), judge_check(verdicts.get(agent_id))]
+        scored.append(score_proposal(task, final, weights, tool_checks))
+    return scored
