@@ -1,0 +1,158 @@
+"""Scoring on hand-written proposals: real ruff, the real sandbox, the real dispatcher's deadline."""
+
+from __future__ import annotations
+
+from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
+from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.decision import rank
+from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnResult, TurnStatus
+from fleet_pipelines.domain.scoring import (
+    CodeBlock,
+    ScoringWeights,
+    gate_failures,
+    parse_block,
+    parse_judge_reply,
+    requirement_verdicts,
+)
+from fleet_pipelines.llm.engine import EngineSettings
+from fleet_pipelines.scoring.checks import judge_check, lint_check, score_finals
+from fleet_pipelines.scoring.sandbox import SandboxLimits
+
+TASK = Task(
+    task_id="score-palindrome",
+    description="Write is_palindrome(s) that ignores case and spaces.",
+    role=Role.DEV,
+    num_agents=3,
+    constraints={
+        "rubric": "Correct and readable.",
+        "requirements": ["ignore case", "ignore spaces"],
+        "tests": "def test_mixed():\n    assert is_palindrome('Never Odd Or Even')\n\n"
+        "def test_negative():\n    assert not is_palindrome('abc')\n",
+        "examples": [{"call": "is_palindrome('A b a')", "expected": "True"}],
+    },
+)
+SECTIONS = (
+    "## Requirements analysis\nWe must ignore case and ignore spaces.\n"
+    "## Solution approach\nNormalise, then compare with the reverse.\n"
+    "## Challenges and mitigations\nUnicode spaces.\n## Implementation details\n"
+)
+CORRECT = SECTIONS + (
+    "```python\ndef is_palindrome(s: str) -> bool:\n"
+    "    t = ''.join(s.lower().split())\n    return t == t[::-1]\n```\n"
+)
+PLAUSIBLE_WRONG = SECTIONS + (  # looks right, forgets the spaces
+    "```python\ndef is_palindrome(s: str) -> bool:\n    t = s.lower()\n    return t == t[::-1]\n```\n"
+)
+UNPARSEABLE = SECTIONS + (
+    "```python\ndef is_palindrome(s: str) -> bool\n"
+    "    t = ''.join(s.lower().split()\n    return t == t[::-1]\n```\n"
+)
+AGENTS = build_council(Role.DEV, 3, CouncilSettings())
+LIMITS = SandboxLimits(wall_s=10, cpu_s=3)
+# A dispatcher whose deadline has passed answers every judge turn with TIMEOUT without calling the
+# engine: the judge is "not scored" here; the real judge is exercised against llama.cpp in
+# tests/integration/test_scoring_llm.py.
+PAST_DEADLINE = RayTurnDispatcher(
+    EngineSettings(base_url="http://127.0.0.1:9", model="m"), DispatchSettings(), 0.0
+)
+
+
+def final(agent_id: str, content: str) -> TurnResult:
+    return TurnResult(
+        task_id=TASK.task_id,
+        agent_id=agent_id,
+        role=Role.DEV,
+        kind=TurnKind.PROPOSE,
+        round=0,
+        status=TurnStatus.COMPLETED,
+        content=content,
+    )
+
+
+def score(contents: list[str]):
+    finals = {a.agent_id: final(a.agent_id, c) for a, c in zip(AGENTS, contents, strict=False)}
+    scored = score_finals(TASK, AGENTS, finals, ScoringWeights(), LIMITS, PAST_DEADLINE, 64)
+    return {s.agent_id: s for s in scored}
+
+
+def test_correct_code_with_passing_tests_outranks_plausible_code_that_fails_them():
+    # The wrong proposal is agent 001 (the baseline): it would win a tie, so only the checks decide.
+    scored = score([PLAUSIBLE_WRONG, CORRECT])
+    wrong, right = scored["agent-dev-001"], scored["agent-dev-002"]
+    assert right.value("tests") == 1.0
+    assert wrong.value("tests") == round(2 / 3, 4)  # the example and test_negative pass
+    assert "FAIL test_mixed" in wrong.check("tests").output
+    assert "sandbox" in right.check("tests").ran
+    assert right.score > wrong.score
+    assert rank({a: s.score for a, s in scored.items()}, AGENTS)[0].agent_id == "agent-dev-002"
+    assert gate_failures(right) == [] and gate_failures(wrong)[0].startswith("tests")
+
+
+def test_code_that_does_not_parse_scores_below_code_that_does():
+    scored = score([UNPARSEABLE, PLAUSIBLE_WRONG])
+    broken, parses = scored["agent-dev-001"], scored["agent-dev-002"]
+    assert broken.value("code_parses") == 0.0 and "SyntaxError" in broken.check("code_parses").evidence
+    assert broken.value("tests") == 0.0  # nothing to run against the tests
+    assert broken.score < parses.score
+
+
+def test_the_judge_is_recorded_as_not_scored_when_its_turn_did_not_finish():
+    judge = score([CORRECT])["agent-dev-001"].check("judge")
+    assert judge.value is None and "timeout" in judge.evidence
+
+
+def test_requirement_coverage_finds_met_and_unmet_items_with_quotes():
+    verdicts = requirement_verdicts(
+        ["ignore case", "ignore spaces", "support unicode normalisation forms"], CORRECT
+    )
+    assert [v.met for v in verdicts] == [True, True, False]
+    assert "ignore case" in verdicts[0].quote
+
+
+def test_lint_reports_issues_with_their_lines():
+    clean = lint_check("def f(x):\n    return x\n")
+    dirty = lint_check("import os\nimport sys\n\ndef f(x):\n    return y\n")
+    assert clean.value == 1.0 and clean.evidence == "0 ruff issue(s)"
+    assert dirty.value is not None and dirty.value < 1.0
+    assert "F401" in dirty.output and "F821" in dirty.output and "line 5" in dirty.output
+
+
+def test_dockerfile_yaml_and_json_blocks_are_parsed():
+    assert parse_block(
+        CodeBlock(language="dockerfile", code="FROM python:3.11\nRUN pip install x \\\n  y\n")
+    )[0]
+    assert parse_block(CodeBlock(language="dockerfile", code="RUN echo hi\nFROM x\n")) == (
+        False,
+        "dockerfile: first instruction is RUN, not FROM",
+    )
+    assert parse_block(CodeBlock(language="dockerfile", code="FROM x\nRUNN y\n"))[0] is False
+    assert parse_block(CodeBlock(language="yaml", code="a: [1, 2\n"))[0] is False
+    assert parse_block(CodeBlock(language="json", code='{"a": 1}'))[0] is True
+
+
+def test_judge_replies_are_parsed_defensively_and_never_invented():
+    assert parse_judge_reply('{"score": 7, "rationale": "ok"}').score == 7
+    assert parse_judge_reply('Sure! ```json\n{"score": 3, "rationale": "weak"}\n```').score == 3
+    assert parse_judge_reply('{"score": 42, "rationale": "x"}') is None  # out of range
+    assert parse_judge_reply("I would rate it highly") is None
+    assert parse_judge_reply('{"score": 8, "rationale": "cut of') is None  # truncated
+    garbage = TurnResult(
+        task_id="t",
+        agent_id="judge",
+        role=Role.DEV,
+        kind=TurnKind.JUDGE,
+        round=0,
+        target_agent_id="agent-dev-001",
+        status=TurnStatus.COMPLETED,
+        content="ten out of ten",
+    )
+    check = judge_check(garbage)
+    assert check.value is None and check.evidence == "not scored: judge reply unparseable"
+    assert check.output == "ten out of ten"
+
+
+def test_ties_are_broken_by_the_judge():
+    scores = {"agent-dev-001": 0.8, "agent-dev-002": 0.8, "agent-dev-003": 0.5}
+    assert [r.agent_id for r in rank(scores, AGENTS)][:2] == ["agent-dev-001", "agent-dev-002"]
+    judged = rank(scores, AGENTS, {"agent-dev-001": 0.4, "agent-dev-002": 0.9, "agent-dev-003": 1.0})
+    assert [r.agent_id for r in judged] == ["agent-dev-002", "agent-dev-001", "agent-dev-003"]
