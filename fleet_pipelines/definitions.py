@@ -9,8 +9,10 @@ from dagster_ray import LocalRay
 
 from . import settings
 from .assets.deliberation import GROUP, deliberation_assets, deliberation_partitions
+from .assets.evaluation import evaluation, evaluation_job
 from .resources.council import CouncilResource, LLMEngineResource
 from .resources.io import ParquetIOManager
+from .schedules.evaluation import build_nightly_evaluation
 
 deliberation_job = dg.define_asset_job(
     "deliberation_job",
@@ -33,4 +35,9 @@ def build_resources() -> dict[str, object]:
     }
 
 
-defs = dg.Definitions(assets=deliberation_assets, jobs=[deliberation_job], resources=build_resources())
+defs = dg.Definitions(
+    assets=[*deliberation_assets, evaluation],
+    jobs=[deliberation_job, evaluation_job],
+    schedules=[build_nightly_evaluation()],
+    resources=build_resources(),
+)

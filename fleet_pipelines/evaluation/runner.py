@@ -1,0 +1,215 @@
+"""Runs the arms of an evaluation on problems, one Ray task per problem.
+
+A problem task reuses the deliberation code: `proposal_requests` and `review_rounds` build the
+turns, `RayTurnDispatcher` runs them as Ray tasks against the engine (nested under the problem
+task, so the engine's parallel slots batch turns of several problems). Candidates are judged in
+the sandbox: the prompt's examples (what the selector may use) and the hidden test (the verdict),
+in separate runs, so the selector never sees a hidden result.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import ray
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..dispatch.ray_dispatch import AnyEngineSettings, DispatchSettings, RayTurnDispatcher
+from ..domain import evaluation as ev
+from ..domain.council import CouncilSettings, build_council
+from ..domain.deliberation import current_versions, proposal_requests, review_rounds
+from ..domain.models import AgentSpec, Constraints, Task, TurnRequest, TurnResult, TurnStatus
+from ..domain.scoring import ScoringWeights, score_proposal
+from ..scoring.sandbox import SandboxLimits, run_python
+
+# Tuned on the development split (HumanEval 0-39) only: asking for the whole function first made
+# SmolLM2-135M put a defining code block in 10/10 answers on problems 0-9.
+TASK_INSTRUCTION = (
+    "Complete this Python function. Reply with the complete function in one fenced python code "
+    "block.\n\n```python\n{prompt}```"
+)
+TASK_RUBRIC = "Correct on every valid input; the examples in the docstring hold."
+
+
+class EvaluationSettings(BaseModel):
+    """How every arm samples and how candidates are judged; the same for all problems of a run."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    num_agents: int = Field(ge=2, le=10, description="N: council size and proposals of arm C.")
+    rounds: int = Field(ge=0, le=3, description="R: review rounds of arm D.")
+    temperature: float = Field(ge=0, le=2, description="Council baseline temperature (arms B, C, D).")
+    max_tokens: int = Field(ge=16, description="Completion limit of every turn.")
+    max_samples_b: int = Field(ge=1, description="Cap on arm B's samples per problem.")
+    problem_timeout_s: float = Field(gt=0, description="Deadline for all turns of one problem.")
+    sandbox: SandboxLimits = Field(description="Limits of each sandbox run.")
+    weights: ScoringWeights = Field(description="Deliberation scoring weights (selector tie-break).")
+
+
+def problem_task(problem: ev.Problem, settings: EvaluationSettings) -> Task:
+    return Task(
+        task_id=problem.problem_id.replace("/", ":"),
+        description=TASK_INSTRUCTION.format(prompt=problem.prompt),
+        role=problem.role,
+        num_agents=settings.num_agents,
+        rounds=settings.rounds,
+        constraints=Constraints(rubric=TASK_RUBRIC, timeout_seconds=settings.problem_timeout_s),
+    )
+
+
+class CandidateJudge:
+    """Runs candidates in the sandbox, once per distinct source."""
+
+    def __init__(self, problem: ev.Problem, task: Task, settings: EvaluationSettings):
+        self.problem = problem
+        self.task = task
+        self.settings = settings
+        self.examples = ev.parse_examples(problem)
+        self._verdicts: dict[str, tuple[int, bool, str]] = {}
+
+    def _run(self, source: str) -> tuple[int, bool, str]:
+        held = self._verdicts.get(source)
+        if held is None:
+            examples = 0
+            if self.examples:
+                shown = run_python(ev.examples_program(source, self.examples), self.settings.sandbox)
+                examples = ev.examples_passed(shown.stdout)
+            hidden = run_python(ev.hidden_test_program(self.problem, source), self.settings.sandbox)
+            if hidden.status == "not_run":
+                raise RuntimeError(f"sandbox cannot run hidden tests: {hidden.reason}")
+            held = self._verdicts[source] = (examples, hidden.status == "passed", hidden.status)
+        return held
+
+    def candidate(self, turn: TurnResult) -> ev.Candidate:
+        source = ev.candidate_source(self.problem, turn.content) if turn.ok else None
+        if source is None:
+            return ev.Candidate(
+                agent_id=turn.agent_id,
+                round=turn.round,
+                has_code=False,
+                examples_total=len(self.examples),
+                hidden_status="no_code" if turn.ok else turn.status.value,
+            )
+        examples, passed, status = self._run(source)
+        return ev.Candidate(
+            agent_id=turn.agent_id,
+            round=turn.round,
+            has_code=True,
+            examples_passed=examples,
+            examples_total=len(self.examples),
+            score=score_proposal(self.task, turn, self.settings.weights).score,
+            passed=passed,
+            hidden_status=status,
+        )
+
+    def outcome(
+        self, arm: ev.Arm, turns: Sequence[TurnResult], finals: Sequence[TurnResult], wall_s: float
+    ) -> ev.ArmOutcome:
+        candidates = [self.candidate(t) for t in finals]
+        return ev.ArmOutcome(
+            problem_id=self.problem.problem_id,
+            arm=arm,
+            candidates=candidates,
+            selected=ev.select(candidates),
+            tokens_in=sum(t.tokens_in for t in turns),
+            tokens_out=sum(t.tokens_out for t in turns),
+            calls=len(turns),
+            failed_calls=sum(not t.ok for t in turns),
+            wall_s=round(wall_s, 3),
+        )
+
+
+def _tokens(turn: TurnResult) -> int:
+    return turn.tokens_in + turn.tokens_out
+
+
+def _samples(
+    task: Task, agent: AgentSpec, settings: CouncilSettings, start: int, count: int
+) -> list[TurnRequest]:
+    """`count` independent samples of one agent's proposal, told apart by a sample suffix."""
+    (request,) = proposal_requests(task, [agent], settings)
+    return [
+        request.model_copy(update={"agent_id": f"{agent.agent_id}/s{start + j:02d}"}) for j in range(count)
+    ]
+
+
+def evaluate_problem(
+    problem: ev.Problem, settings: EvaluationSettings, engine: AnyEngineSettings, dispatch: DispatchSettings
+) -> list[ev.ArmOutcome]:
+    """Arms A, D (whose round 0 is C's proposals), then B at D's token budget, on one problem."""
+    task = problem_task(problem, settings)
+    council_settings = CouncilSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    agents = build_council(task.role, task.num_agents, council_settings)
+    baseline = agents[0]
+    run_turns = RayTurnDispatcher(engine, dispatch, deadline=time.time() + settings.problem_timeout_s)
+    judge = CandidateJudge(problem, task, settings)
+
+    start = time.perf_counter()
+    greedy = run_turns(
+        proposal_requests(task, [baseline.model_copy(update={"temperature": 0.0})], council_settings)
+    )
+    greedy_wall = time.perf_counter() - start
+
+    start = time.perf_counter()
+    proposals = run_turns(proposal_requests(task, agents, council_settings))
+    proposals_wall = time.perf_counter() - start
+    history = review_rounds(task, agents, council_settings, proposals, run_turns)
+    council_wall = time.perf_counter() - start
+    council_turns = [*proposals, *history]
+    latest = current_versions(council_turns)
+    # An agent with no usable version is still a candidate of the council: one that cannot pass.
+    finals = [latest.get(p.agent_id, p) for p in proposals]
+
+    # B: samples of the baseline agent until they have spent about what the council spent.
+    start = time.perf_counter()
+    budget = sum(_tokens(t) for t in council_turns)
+    measured = [_tokens(t) for t in [*greedy, *proposals] if t.ok]
+    per_sample = max(1.0, sum(measured) / len(measured)) if measured else float(settings.max_tokens)
+    samples: list[TurnResult] = []
+    while len(samples) < settings.max_samples_b:
+        spent = sum(_tokens(t) for t in samples)
+        if samples and spent >= budget:
+            break
+        count = min(settings.max_samples_b - len(samples), max(1, math.ceil((budget - spent) / per_sample)))
+        drawn = run_turns(_samples(task, baseline, council_settings, len(samples), count))
+        samples.extend(drawn)
+        if any(t.status is TurnStatus.TIMEOUT for t in drawn):
+            break
+    samples = samples[: ev.budget_prefix([_tokens(t) for t in samples], budget)]
+    sampled_wall = time.perf_counter() - start
+
+    return [
+        judge.outcome(ev.Arm.GREEDY, greedy, greedy, greedy_wall),
+        judge.outcome(ev.Arm.SAMPLED, samples, samples, sampled_wall),
+        judge.outcome(ev.Arm.PROPOSALS, proposals, proposals, proposals_wall),
+        judge.outcome(ev.Arm.COUNCIL, council_turns, finals, council_wall),
+    ]
+
+
+_remote_problem = ray.remote(evaluate_problem)
+
+
+def run_problems(
+    problems: Sequence[ev.Problem],
+    settings: EvaluationSettings,
+    engine: AnyEngineSettings,
+    dispatch: DispatchSettings,
+    max_concurrent: int,
+) -> list[ev.ArmOutcome]:
+    """Fans problems out as Ray tasks, at most `max_concurrent` at once; outcomes in problem order."""
+    task = _remote_problem.options(
+        num_cpus=dispatch.num_cpus_per_turn, max_retries=dispatch.max_worker_retries, retry_exceptions=False
+    )
+    refs: dict[ray.ObjectRef, int] = {}
+    results: dict[int, list[ev.ArmOutcome]] = {}
+    pending = list(enumerate(problems))
+    while pending or refs:
+        while pending and len(refs) < max_concurrent:
+            index, problem = pending.pop(0)
+            refs[task.remote(problem, settings, engine, dispatch)] = index
+        done, _ = ray.wait(list(refs), num_returns=1)
+        for ref in done:
+            results[refs.pop(ref)] = ray.get(ref)
+    return [outcome for index in sorted(results) for outcome in results[index]]
