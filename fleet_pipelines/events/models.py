@@ -1,0 +1,155 @@
+"""Event envelope and payloads (DESIGN.md section 5), each with a `schema_version`.
+
+Incoming models ignore unknown fields (producers may add some); outgoing models are what we
+promise to subscribers. Bounds come from the domain model, so an event that would make an invalid
+task is rejected here with the field named.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..domain.models import MAX_AGENTS, MAX_ROUNDS, Role
+
+SCHEMA_VERSION = 1
+PRODUCER = "fleet-pipelines"
+MAX_TASKS_PER_PLAN = 50
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class EventEnvelope(BaseModel):
+    """Every message on our streams. `idempotency_key` is also sent as the `Nats-Msg-Id` header."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    event_type: str = Field(min_length=1, max_length=256, description="Subject-like event name.")
+    schema_version: int = Field(
+        default=SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION, description="Version of the envelope + payload."
+    )
+    idempotency_key: str = Field(min_length=1, max_length=512, description="Unique per logical event.")
+    correlation_id: str = Field(min_length=1, max_length=512, description="Ties a chain of events together.")
+    causation_id: str | None = Field(default=None, max_length=512, description="The event that caused it.")
+    timestamp: str = Field(default_factory=utc_now, description="ISO 8601 time the event was produced.")
+    producer: str = Field(default=PRODUCER, max_length=256, description="Service that produced it.")
+    metadata: dict[str, str] = Field(default_factory=dict, description="Free-form string attributes.")
+    payload: dict[str, Any] = Field(description="The event's payload (one of the payload models below).")
+
+
+class PlannedTask(BaseModel):
+    """An explicit task in a plan; fields left out take the council defaults."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    task_id: str | None = Field(
+        default=None, description="Partition key; derived from plan, role and position when absent."
+    )
+    description: str = Field(min_length=1, description="What the council must solve.")
+    role: Role = Field(description="Council role.")
+    num_agents: int = Field(default=3, ge=1, le=MAX_AGENTS, description="Agents in the council.")
+    rounds: int = Field(default=1, ge=0, le=MAX_ROUNDS, description="Review rounds.")
+    rubric: str = Field(default="", description="What a good proposal looks like.")
+    requirements: list[str] = Field(default_factory=list, description="Requirements each proposal must meet.")
+    metadata: dict[str, str] = Field(default_factory=dict, description="Extra context shown to agents.")
+    timeout_seconds: float = Field(default=300.0, description="Deliberation deadline in seconds.")
+
+
+class PlanApproved(BaseModel):
+    """`planning.plan.approved`: legacy flat form or the payload of an envelope."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    story_id: str = Field(min_length=1, max_length=256, description="Story the plan belongs to.")
+    plan_id: str = Field(min_length=1, max_length=256, description="The approved plan.")
+    approved_by: str = Field(max_length=256, description="Who approved it.")
+    roles: list[Role] = Field(default_factory=list, max_length=len(Role), description="Councils to convene.")
+    tasks: list[PlannedTask] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_TASKS_PER_PLAN,
+        description="Explicit tasks; without them one task per role.",
+    )
+    approved_at: str | None = Field(default=None, description="Approval time (what the planner sends).")
+    timestamp: str | None = Field(default=None, description="Approval time (the seed contract's name).")
+
+    @model_validator(mode="after")
+    def _complete(self) -> PlanApproved:
+        if self.approved_at is None and self.timestamp is None:
+            raise ValueError("one of approved_at or timestamp is required")
+        if not self.tasks and not self.roles:
+            raise ValueError("roles must name at least one role when tasks are absent")
+        return self
+
+
+class Proposal(BaseModel):
+    content: str = Field(description="The agent's text.")
+    author_id: str = Field(description="Agent id.")
+    author_role: str = Field(description="Agent role.")
+    model: str = Field(description="Model that wrote it.")
+    temperature: float = Field(description="Sampling temperature.")
+    tokens: int = Field(description="Completion tokens.")
+
+
+class AgentResponse(BaseModel):
+    """`agent.response.completed|failed`: the seed payload plus `round`, `kind` and `target_agent_id`."""
+
+    task_id: str = Field(description="Deliberation task id.")
+    agent_id: str = Field(description="Agent id.")
+    role: str = Field(description="Council role.")
+    round: int = Field(description="0 for proposals, 1..R for review rounds.")
+    kind: str = Field(description="propose, critique or revise.")
+    target_agent_id: str | None = Field(default=None, description="For a critique: whose proposal.")
+    status: str = Field(description="completed, failed or timeout.")
+    duration_ms: float = Field(description="Engine time of the turn.")
+    timestamp: str = Field(default_factory=utc_now, description="ISO 8601.")
+    num_agents: int = Field(description="Council size.")
+    proposal: Proposal | None = Field(default=None, description="The text, when the turn completed.")
+    error: str | None = Field(default=None, description="Why the turn failed.")
+    error_type: str | None = Field(default=None, description="Error class of the failure.")
+
+
+class DecisionRecord(BaseModel):
+    """One entry of the context service's decision graph."""
+
+    id: str = Field(description="Decision id.")
+    type: str = Field(description="Decision type.")
+    rationale: str = Field(description="Why.")
+    affected_subtask: str = Field(description="Task the decision is about.")
+
+
+class RankEntry(BaseModel):
+    rank: int = Field(description="1 is the winner.")
+    agent_id: str = Field(description="Agent id.")
+    score: float = Field(description="Weighted score.")
+
+
+class DeliberationOutcome(BaseModel):
+    """`orchestration.deliberation.completed|failed`."""
+
+    task_id: str = Field(description="Deliberation task id.")
+    story_id: str | None = Field(description="Story from planning.")
+    plan_id: str | None = Field(description="Plan from planning.")
+    status: str = Field(description="COMPLETED, PARTIAL, FAILED or TIMEOUT.")
+    winner_id: str | None = Field(description="Winning agent, if any.")
+    ranking: list[RankEntry] = Field(description="Agents by score.")
+    decisions: list[DecisionRecord] = Field(description="Decisions for the context service.")
+    reasons: list[str] = Field(default_factory=list, description="Why this status and winner.")
+    duration_ms: float = Field(description="Run start to decision.")
+    run_id: str = Field(description="Dagster run id.")
+
+
+class PlanningRejected(BaseModel):
+    """`orchestration.planning.rejected`: an approved-plan message we could not turn into tasks."""
+
+    stream: str = Field(description="Stream the message came from.")
+    stream_sequence: int = Field(description="Its sequence in that stream.")
+    subject: str = Field(description="Its subject.")
+    reason: str = Field(description="What is wrong with it, naming the field.")
+    original_text: str | None = Field(default=None, description="The original bytes when valid UTF-8.")
+    original_base64: str | None = Field(default=None, description="The original bytes otherwise.")
+    original_headers: dict[str, str] = Field(default_factory=dict, description="Its NATS headers.")

@@ -1,0 +1,200 @@
+"""`planning.plan.approved` messages -> deliberation tasks, or a precise reason to reject them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..domain.models import Task
+from .models import EventEnvelope, PlanApproved, PlannedTask, PlanningRejected, utc_now
+from .streams import PLAN_APPROVED
+
+MAX_MESSAGE_BYTES = 256 * 1024
+# Run tags of a deliberation started from planning (the run queue limits runs per TAG_ROLE value).
+TAG_ROLE = "fleet/role"
+TAG_STORY = "fleet/story_id"
+TAG_PLAN = "fleet/plan_id"
+TAG_CORRELATION = "fleet/correlation_id"
+TAG_CAUSATION = "fleet/causation_id"
+TAG_EVENT_SEQ = "fleet/planning_seq"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:-]")
+
+
+class InvalidEvent(ValueError):
+    """The message cannot start deliberations; the text says why."""
+
+
+class StreamMessage(BaseModel):
+    """A message read from a stream by sequence."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stream: str = Field(description="Stream name.")
+    seq: int = Field(description="Stream sequence.")
+    subject: str = Field(description="Subject.")
+    data: bytes = Field(description="Body.")
+    headers: dict[str, str] = Field(default_factory=dict, description="NATS headers.")
+
+
+class PlannedDeliberation(BaseModel):
+    """One deliberation to run: its partition key, run key, job config and run tags."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str = Field(description="Partition key.")
+    run_key: str = Field(description="Idempotency key + task id: a replay never starts a second run.")
+    task_config: dict = Field(description="Fields of DeliberationConfig.")
+    role: str = Field(description="Council role (the run queue limits per role).")
+    story_id: str = Field(description="Story.")
+    plan_id: str = Field(description="Plan.")
+    correlation_id: str = Field(description="Correlation id of the planning event.")
+    idempotency_key: str = Field(description="Idempotency key of the planning event.")
+    stream_seq: int = Field(description="Stream sequence of the planning event.")
+
+    def run_tags(self) -> dict[str, str]:
+        return {
+            TAG_ROLE: self.role,
+            TAG_STORY: self.story_id,
+            TAG_PLAN: self.plan_id,
+            TAG_CORRELATION: self.correlation_id,
+            TAG_CAUSATION: self.idempotency_key,
+            TAG_EVENT_SEQ: str(self.stream_seq),
+        }
+
+
+def derived_task_id(plan_id: str, role: str, index: int | None = None) -> str:
+    """A partition key from plan and role (and position in `tasks[]`), the same on every replay."""
+    parts = [plan_id, role.lower()] + ([] if index is None else [str(index)])
+    digest = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:8]
+    readable = "-".join([_UNSAFE.sub("_", plan_id)[:80], *parts[1:]])
+    return f"{readable}-{digest}"
+
+
+def _reason(exc: ValidationError, prefix: str = "") -> str:
+    return "; ".join(
+        f"{prefix}{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in exc.errors()
+    )
+
+
+def _envelope(message: StreamMessage) -> tuple[EventEnvelope, bool]:
+    """The message's envelope, wrapping a legacy flat payload in one; True when it was enveloped."""
+    if len(message.data) > MAX_MESSAGE_BYTES:
+        raise InvalidEvent(f"message is {len(message.data)} bytes, over the {MAX_MESSAGE_BYTES}-byte limit")
+    try:
+        body = json.loads(message.data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidEvent(f"not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidEvent(f"not a JSON object: got {type(body).__name__}")
+    if "payload" in body and "event_type" in body:
+        try:
+            envelope = EventEnvelope.model_validate(body)
+        except ValidationError as exc:
+            raise InvalidEvent(f"invalid envelope: {_reason(exc)}") from exc
+        if envelope.event_type != PLAN_APPROVED:
+            raise InvalidEvent(
+                f"event_type {envelope.event_type!r} on {message.subject}, expected {PLAN_APPROVED}"
+            )
+        return envelope, True
+    # Legacy flat payload: no envelope, so the key is the publisher's Nats-Msg-Id or the body's hash.
+    key = (
+        message.headers.get("Nats-Msg-Id")
+        or "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
+    )
+    return EventEnvelope(
+        event_type=PLAN_APPROVED, idempotency_key=key, correlation_id=key, payload=body
+    ), False
+
+
+def plan_deliberations(message: StreamMessage) -> list[PlannedDeliberation]:
+    """The deliberations an approved plan asks for; raises InvalidEvent naming what is wrong."""
+    envelope, enveloped = _envelope(message)
+    try:
+        plan = PlanApproved.model_validate(envelope.payload)
+    except ValidationError as exc:
+        raise InvalidEvent(_reason(exc, "payload." if enveloped else "")) from exc
+
+    if plan.tasks:
+        configs = [
+            (task.task_id or derived_task_id(plan.plan_id, task.role.value, i), task.model_dump(mode="json"))
+            for i, task in enumerate(plan.tasks)
+        ]
+    else:
+        description = f"Implement plan {plan.plan_id} for story {plan.story_id}"
+        configs = [
+            (derived_task_id(plan.plan_id, role.value), {"description": description, "role": role.value})
+            for role in dict.fromkeys(plan.roles)
+        ]
+
+    planned = []
+    for task_id, config in configs:
+        config.pop("task_id", None)
+        config.update(story_id=plan.story_id, plan_id=plan.plan_id)
+        constraint_keys = ("rubric", "requirements", "metadata", "timeout_seconds")
+        try:
+            Task.model_validate(
+                {
+                    "task_id": task_id,
+                    **{k: v for k, v in config.items() if k not in constraint_keys},
+                    "constraints": {k: config[k] for k in constraint_keys if k in config},
+                }
+            )
+        except ValidationError as exc:
+            raise InvalidEvent(f"task {task_id!r}: {_reason(exc)}") from exc
+        planned.append(
+            PlannedDeliberation(
+                task_id=task_id,
+                run_key=f"{envelope.idempotency_key}:{task_id}",
+                task_config=config,
+                role=config["role"],
+                story_id=plan.story_id,
+                plan_id=plan.plan_id,
+                correlation_id=envelope.correlation_id,
+                idempotency_key=envelope.idempotency_key,
+                stream_seq=message.seq,
+            )
+        )
+    if len({p.task_id for p in planned}) < len(planned):
+        raise InvalidEvent("tasks: task ids repeat within the plan")
+    return planned
+
+
+def rejection(message: StreamMessage, reason: str) -> PlanningRejected:
+    """The dead-letter payload: the original bytes (text when UTF-8, else base64), where and why."""
+    try:
+        text, b64 = message.data.decode(), None
+    except UnicodeDecodeError:
+        text, b64 = None, base64.b64encode(message.data).decode()
+    return PlanningRejected(
+        stream=message.stream,
+        stream_sequence=message.seq,
+        subject=message.subject,
+        reason=reason,
+        original_text=text,
+        original_base64=b64,
+        original_headers=message.headers,
+    )
+
+
+def single_task_plan(
+    task_id: str, task: dict, story_id: str, plan_id: str, approved_by: str, idempotency_key: str
+) -> EventEnvelope:
+    """An enveloped approved plan with one explicit task (what `fleet deliberate` publishes)."""
+    return EventEnvelope(
+        event_type=PLAN_APPROVED,
+        idempotency_key=idempotency_key,
+        correlation_id=task_id,
+        producer="fleet-cli",
+        payload=PlanApproved(
+            story_id=story_id,
+            plan_id=plan_id,
+            approved_by=approved_by,
+            roles=[task["role"]],
+            tasks=[PlannedTask(task_id=task_id, **task)],
+            approved_at=utc_now(),
+        ).model_dump(mode="json", exclude_none=True),
+    )

@@ -1,0 +1,137 @@
+"""A task's status and results, read back from the Dagster instance (`fleet result`).
+
+PENDING: the partition exists or the approved plan sits in the stream, no run started yet (or
+queued); IN_PROGRESS: a run is going; COMPLETED / PARTIAL / FAILED / TIMEOUT: the decision's
+status (FAILED also for a run that crashed before deciding); NOT_FOUND: nothing knows the task.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from enum import StrEnum
+
+import dagster as dg
+import pandas as pd
+from pydantic import BaseModel, Field
+
+from ..assets.deliberation import deliberation_partitions
+from .bus import NatsSession
+from .planning import InvalidEvent, plan_deliberations
+from .streams import PLAN_APPROVED, PLANNING_STREAM
+
+DELIBERATION_JOB = "deliberation_job"
+PARTITION_TAG = "dagster/partition"
+DECISION = dg.AssetKey("decision")
+STREAM_SCAN_WINDOW = 1_000
+
+
+class TaskStatus(StrEnum):
+    PENDING = "PENDING"
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+    PARTIAL = "PARTIAL"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NOT_FOUND = "NOT_FOUND"
+
+
+TERMINAL = {TaskStatus.COMPLETED, TaskStatus.PARTIAL, TaskStatus.FAILED, TaskStatus.TIMEOUT}
+_WAITING = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING}
+_FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+
+
+class TaskResult(BaseModel):
+    task_id: str = Field(description="The task (partition key).")
+    status: TaskStatus = Field(description="Where the task stands.")
+    detail: str = Field(description="What the status is based on.")
+    run_id: str | None = Field(default=None, description="Latest deliberation run of the task.")
+    winner_id: str | None = Field(default=None, description="Winning agent.")
+    ranking: list[dict] = Field(default_factory=list, description="Agents by score.")
+    reasons: list[str] = Field(default_factory=list, description="Why this status and winner.")
+    winner_content: str | None = Field(default=None, description="The winning proposal.")
+
+
+def _materialized(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+    return [
+        e.dagster_event.asset_key.to_user_string()
+        for e in events
+        if e.dagster_event and e.dagster_event.asset_key
+    ]
+
+
+def _from_decision(task_id: str, run_id: str, row: pd.Series) -> TaskResult:
+    return TaskResult(
+        task_id=task_id,
+        status=TaskStatus(row["status"]),
+        detail=f"decision of run {run_id}",
+        run_id=run_id,
+        winner_id=row["winner_id"],
+        ranking=json.loads(row["ranking"]),
+        reasons=json.loads(row["reasons"]),
+        winner_content=row["winner_content"] or None,
+    )
+
+
+def task_result(
+    instance: dg.DagsterInstance,
+    task_id: str,
+    load_decision: Callable[[str], pd.DataFrame],
+    find_in_stream: Callable[[str], int | None],
+) -> TaskResult:
+    """`load_decision(task_id)` reads the decision asset (IO manager); `find_in_stream(task_id)` gives
+    the stream sequence of a not-yet-processed approved plan naming the task, or None."""
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=DELIBERATION_JOB, tags={PARTITION_TAG: task_id}), limit=1
+    )
+    if records:
+        run = records[0].dagster_run
+        if run.status in _WAITING:
+            return TaskResult(
+                task_id=task_id,
+                status=TaskStatus.PENDING,
+                detail=f"run {run.run_id} {run.status.value}",
+                run_id=run.run_id,
+            )
+        done = _materialized(instance, run.run_id)
+        if DECISION.to_user_string() in done:
+            return _from_decision(task_id, run.run_id, load_decision(task_id).iloc[0])
+        if run.status in _FAILED:
+            failures = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+            message = failures[-1].message if failures else f"run {run.status.value}"
+            return TaskResult(task_id=task_id, status=TaskStatus.FAILED, detail=message, run_id=run.run_id)
+        return TaskResult(
+            task_id=task_id,
+            status=TaskStatus.IN_PROGRESS,
+            detail=f"run {run.run_id} {run.status.value}; materialized: {', '.join(done) or 'nothing yet'}",
+            run_id=run.run_id,
+        )
+    if instance.has_dynamic_partition(deliberation_partitions.name, task_id):
+        return TaskResult(task_id=task_id, status=TaskStatus.PENDING, detail="partition added, no run yet")
+    seq = find_in_stream(task_id)
+    if seq is not None:
+        return TaskResult(
+            task_id=task_id,
+            status=TaskStatus.PENDING,
+            detail=f"approved plan accepted ({PLANNING_STREAM} seq {seq}), waiting for the planning sensor",
+        )
+    return TaskResult(
+        task_id=task_id, status=TaskStatus.NOT_FOUND, detail="no run, partition or planning event"
+    )
+
+
+async def find_task_in_stream(session: NatsSession, task_id: str) -> int | None:
+    """The sequence of the latest approved plan naming `task_id` among the last few in the stream."""
+    after = max(0, await session.last_seq(PLANNING_STREAM) - STREAM_SCAN_WINDOW)
+    found = None
+    async for message in session.read_after(
+        PLANNING_STREAM, PLAN_APPROVED, after, STREAM_SCAN_WINDOW, time.monotonic() + 3
+    ):
+        try:
+            if any(p.task_id == task_id for p in plan_deliberations(message)):
+                found = message.seq
+        except InvalidEvent:
+            continue
+    return found

@@ -1,0 +1,93 @@
+"""The NATS JetStream resource: where the server is, how to log in, and a sync facade for ops."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import dagster as dg
+from pydantic import Field
+
+from ..events.bus import ConnectOptions, NatsSession, StreamChange, connect
+from ..events.models import EventEnvelope
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+T = TypeVar("T")
+
+# Optional settings read from the environment, as (resource field, env var); secrets stay EnvVars.
+_ENV_FIELDS = (
+    ("token", "NATS_TOKEN"),
+    ("user", "NATS_USER"),
+    ("password", "NATS_PASSWORD"),
+    ("creds_file", "NATS_CREDS"),
+    ("tls_ca_file", "NATS_TLS_CA"),
+    ("tls_cert_file", "NATS_TLS_CERT"),
+    ("tls_key_file", "NATS_TLS_KEY"),
+)
+
+
+class NatsResource(dg.ConfigurableResource):
+    """NATS with JetStream: the embedded `nats-server` of `make dev`, or any server via NATS_URL."""
+
+    url: str = Field(default=DEFAULT_NATS_URL, description="Server URL(s), e.g. nats://127.0.0.1:4222.")
+    token: str | None = Field(default=None, description="Auth token; pass dg.EnvVar('NATS_TOKEN').")
+    user: str | None = Field(default=None, description="User name; pass dg.EnvVar('NATS_USER').")
+    password: str | None = Field(default=None, description="Password; pass dg.EnvVar('NATS_PASSWORD').")
+    creds_file: str | None = Field(default=None, description="NATS .creds file (JWT + nkey seed) path.")
+    tls_ca_file: str | None = Field(default=None, description="CA bundle that signs the server certificate.")
+    tls_cert_file: str | None = Field(default=None, description="Client certificate for mutual TLS.")
+    tls_key_file: str | None = Field(default=None, description="Key of the client certificate.")
+    connect_timeout_s: float = Field(default=2.0, description="Seconds to wait for the connection.")
+    request_timeout_s: float = Field(default=5.0, description="Seconds to wait for a JetStream reply/ack.")
+
+    @classmethod
+    def from_env(cls) -> NatsResource:
+        """URL from NATS_URL; token/user/password/creds/TLS from their env vars when set."""
+        present = {name: dg.EnvVar(var) for name, var in _ENV_FIELDS if os.environ.get(var)}
+        return cls(url=os.environ.get("NATS_URL") or DEFAULT_NATS_URL, **present)
+
+    def options(self) -> ConnectOptions:
+        return ConnectOptions(
+            url=self.url,
+            token=self.token,
+            user=self.user,
+            password=self.password,
+            creds_file=self.creds_file,
+            tls_ca_file=self.tls_ca_file,
+            tls_cert_file=self.tls_cert_file,
+            tls_key_file=self.tls_key_file,
+            connect_timeout_s=self.connect_timeout_s,
+            request_timeout_s=self.request_timeout_s,
+        )
+
+    def session(self, work: Callable[[NatsSession], Awaitable[T]], ensure_streams: bool = True) -> T:
+        """Runs `work` in a short event loop on a fresh connection, the streams ensured first.
+
+        Raises events.bus.NatsError when the server cannot be reached.
+        """
+
+        async def main() -> T:
+            session = await connect(self.options())
+            try:
+                if ensure_streams:
+                    await session.ensure_streams()
+                return await work(session)
+            finally:
+                await session.close()
+
+        return asyncio.run(main())
+
+    def ensure_streams(self) -> dict[str, StreamChange]:
+        """Creates or updates the platform's streams; what happened to each."""
+        return self.session(lambda session: session.ensure_streams(), ensure_streams=False)
+
+    def publish(self, events: Sequence[tuple[str, EventEnvelope]]) -> list[tuple[int, bool]]:
+        """Publishes (subject, envelope) pairs in order, each acked by JetStream; duplicates of an
+        idempotency key within the stream's window are dropped by the server (flag True)."""
+
+        async def work(session: NatsSession) -> list[tuple[int, bool]]:
+            return [await session.publish(subject, envelope) for subject, envelope in events]
+
+        return self.session(work)

@@ -1,0 +1,239 @@
+"""Event models and the planning parser: legacy and enveloped plans, derived ids, precise rejections."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from fleet_pipelines.domain.decision import Decision, RankedProposal
+from fleet_pipelines.domain.models import (
+    TASK_ID_PATTERN,
+    DeliberationStatus,
+    Role,
+    Task,
+    TurnKind,
+    TurnResult,
+    TurnStatus,
+)
+from fleet_pipelines.events.outbound import (
+    agent_response_events,
+    decision_outcome,
+    deliberation_outcome_event,
+    outcome_key,
+)
+from fleet_pipelines.events.planning import (
+    MAX_MESSAGE_BYTES,
+    InvalidEvent,
+    StreamMessage,
+    derived_task_id,
+    plan_deliberations,
+    rejection,
+    single_task_plan,
+)
+
+# The two samples of SEED_REFERENCE.md, verbatim.
+LEGACY = b'{"story_id": "US-42", "plan_id": "P-42", "approved_by": "po@example.com", "roles": ["DEV", "QA"], "approved_at": "2026-11-25T10:00:00Z"}'  # noqa: E501
+ENVELOPED = b'{"event_type": "planning.plan.approved", "idempotency_key": "b7c1", "correlation_id": "c9", "timestamp": "2026-11-25T10:00:00Z", "producer": "planning-service", "metadata": {}, "payload": {"story_id": "US-43", "plan_id": "P-43", "approved_by": "po", "roles": ["ARCHITECT"], "timestamp": "2026-11-25T10:00:00Z"}}'  # noqa: E501
+
+
+def message(data: bytes | dict, seq: int = 7, headers: dict | None = None) -> StreamMessage:
+    body = data if isinstance(data, bytes) else json.dumps(data).encode()
+    return StreamMessage(
+        stream="PLANNING_EVENTS", seq=seq, subject="planning.plan.approved", data=body, headers=headers or {}
+    )
+
+
+def test_legacy_flat_plan_gives_one_task_per_role_with_the_seed_description():
+    planned = plan_deliberations(message(LEGACY))
+    assert [p.role for p in planned] == ["DEV", "QA"]
+    assert {p.task_config["description"] for p in planned} == {"Implement plan P-42 for story US-42"}
+    assert all(p.task_config["story_id"] == "US-42" and p.task_config["plan_id"] == "P-42" for p in planned)
+    assert all(re.fullmatch(TASK_ID_PATTERN, p.task_id) for p in planned)
+    # No envelope, no Nats-Msg-Id: the key is a hash of the body, the same for the same plan.
+    again = plan_deliberations(message(LEGACY, seq=99))
+    assert [p.run_key for p in again] == [p.run_key for p in planned]
+    assert planned[0].run_tags()["fleet/role"] == "DEV"
+    assert planned[0].run_tags()["fleet/planning_seq"] == "7"
+
+
+def test_legacy_plan_uses_the_publishers_msg_id_when_present():
+    planned = plan_deliberations(message(LEGACY, headers={"Nats-Msg-Id": "planner-123"}))
+    assert planned[0].run_key == f"planner-123:{planned[0].task_id}"
+
+
+def test_enveloped_plan_with_timestamp_uses_the_envelope_keys():
+    [planned] = plan_deliberations(message(ENVELOPED))
+    assert planned.role == "ARCHITECT"
+    assert planned.correlation_id == "c9"
+    assert planned.run_key == f"b7c1:{planned.task_id}"
+    assert planned.task_id == derived_task_id("P-43", "ARCHITECT")
+
+
+def test_explicit_tasks_give_one_deliberation_each_with_their_settings():
+    envelope = single_task_plan(
+        "t-1",
+        {"description": "Write add(a, b)", "role": "QA", "num_agents": 2, "rounds": 0, "requirements": ["x"]},
+        story_id="S",
+        plan_id="P",
+        approved_by="me",
+        idempotency_key="k",
+    )
+    [planned] = plan_deliberations(message(envelope.model_dump_json().encode()))
+    assert planned.task_id == "t-1"
+    assert planned.task_config["num_agents"] == 2 and planned.task_config["rounds"] == 0
+    assert planned.task_config["requirements"] == ["x"]
+    assert planned.run_key == "k:t-1"
+
+
+def test_derived_task_ids_are_stable_valid_and_distinct():
+    odd = "P/42 é" * 40
+    ids = {derived_task_id(odd, "DEV"), derived_task_id(odd, "QA"), derived_task_id(odd, "DEV", 1)}
+    assert len(ids) == 3
+    assert all(re.fullmatch(TASK_ID_PATTERN, i) for i in ids)
+    assert derived_task_id(odd, "DEV") == derived_task_id(odd, "DEV")
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"\xff\xfe not json", "not JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (
+            {"plan_id": "P", "approved_by": "x", "roles": ["DEV"], "approved_at": "t"},
+            "story_id: Field required",
+        ),
+        ({"story_id": "S", "plan_id": "P", "approved_by": "x", "roles": ["DEV"]}, "approved_at or timestamp"),
+        (
+            {"story_id": "S", "plan_id": "P", "approved_by": "x", "roles": ["CHEF"], "timestamp": "t"},
+            "roles.0",
+        ),
+        (
+            {"story_id": "S", "plan_id": "P", "approved_by": "x", "roles": [], "timestamp": "t"},
+            "at least one role",
+        ),
+        (
+            {
+                "story_id": "S",
+                "plan_id": "P",
+                "approved_by": "x",
+                "timestamp": "t",
+                "tasks": [{"description": "d", "role": "DEV", "num_agents": 11}],
+            },
+            "tasks.0.num_agents",
+        ),
+        (
+            {
+                "story_id": "S",
+                "plan_id": "P",
+                "approved_by": "x",
+                "timestamp": "t",
+                "tasks": [{"task_id": "bad id!", "description": "d", "role": "DEV"}],
+            },
+            "task 'bad id!': task_id",
+        ),
+        (
+            {
+                "event_type": "planning.plan.approved",
+                "idempotency_key": "k",
+                "correlation_id": "c",
+                "payload": {"story_id": "S", "plan_id": "P", "approved_by": "x", "roles": ["DEV"]},
+                "schema_version": 9,
+            },
+            "invalid envelope: schema_version",
+        ),
+        (
+            {
+                "event_type": "planning.story.created",
+                "idempotency_key": "k",
+                "correlation_id": "c",
+                "payload": {},
+            },
+            "event_type 'planning.story.created'",
+        ),
+        (b"{" + b" " * MAX_MESSAGE_BYTES + b"}", "over the"),
+    ],
+)
+def test_malformed_plans_are_rejected_with_a_precise_reason(data, reason):
+    with pytest.raises(InvalidEvent) as caught:
+        plan_deliberations(message(data))
+    assert reason in str(caught.value)
+
+
+def test_rejection_keeps_the_original_bytes_as_text_or_base64():
+    text = rejection(message(b'{"a": 1}', seq=3), "why")
+    assert text.original_text == '{"a": 1}' and text.original_base64 is None and text.stream_sequence == 3
+    binary = rejection(message(b"\xff\x00"), "why")
+    assert binary.original_text is None and binary.original_base64 == "/wA="
+
+
+def _task() -> Task:
+    return Task(
+        task_id="t-1", description="d", role=Role.DEV, num_agents=2, rounds=0, story_id="S", plan_id="P"
+    )
+
+
+def test_agent_responses_follow_the_seed_payload_and_have_deterministic_keys():
+    ok = TurnResult(
+        task_id="t-1",
+        agent_id="agent-dev-001",
+        role=Role.DEV,
+        kind=TurnKind.PROPOSE,
+        round=0,
+        status=TurnStatus.COMPLETED,
+        content="text",
+        model="m",
+        temperature=0.7,
+        tokens_out=5,
+        latency_ms=12.0,
+    )
+    failed = ok.model_copy(
+        update={
+            "agent_id": "agent-dev-002",
+            "status": TurnStatus.TIMEOUT,
+            "content": "",
+            "error": "late",
+            "error_type": "Deadline",
+        }
+    )
+    events = agent_response_events(_task(), [ok, failed], "run-1", "corr", "cause")
+    assert [subject for subject, _ in events] == ["agent.response.completed", "agent.response.failed"]
+    done, late = (e.payload for _, e in events)
+    assert done["proposal"] == {
+        "content": "text",
+        "author_id": "agent-dev-001",
+        "author_role": "DEV",
+        "model": "m",
+        "temperature": 0.7,
+        "tokens": 5,
+    }
+    assert done["round"] == 0 and done["num_agents"] == 2 and done["status"] == "completed"
+    assert late["proposal"] is None and late["error_type"] == "Deadline" and late["status"] == "timeout"
+    assert events[0][1].correlation_id == "corr" and events[0][1].causation_id == "cause"
+    assert [e.idempotency_key for _, e in events] == [
+        e.idempotency_key for _, e in agent_response_events(_task(), [ok, failed], "run-1")
+    ]
+
+
+def test_outcome_subject_follows_the_status_and_the_key_is_one_per_run():
+    decision = Decision(
+        status=DeliberationStatus.PARTIAL,
+        winner_id="agent-dev-001",
+        ranking=[RankedProposal(rank=1, agent_id="agent-dev-001", score=0.8)],
+        reasons=["agent-dev-001 ranked first"],
+        quorum=2,
+        usable_agents=2,
+        failed_agents=[],
+        timed_out_agents=[],
+    )
+    subject, envelope = deliberation_outcome_event(decision_outcome(_task(), decision, "run-1", 5.0))
+    assert subject == "orchestration.deliberation.completed"
+    assert envelope.idempotency_key == outcome_key("run-1")
+    payload = envelope.payload
+    assert payload["winner_id"] == "agent-dev-001" and payload["story_id"] == "S"
+    assert payload["decisions"][0]["affected_subtask"] == "t-1"
+    timeout = decision.model_copy(update={"status": DeliberationStatus.TIMEOUT, "winner_id": None})
+    assert deliberation_outcome_event(decision_outcome(_task(), timeout, "r", 1.0))[0] == (
+        "orchestration.deliberation.failed"
+    )
