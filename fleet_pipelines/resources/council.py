@@ -53,6 +53,7 @@ class VLLMActorConfig(dg.Config):
     cpu_kvcache_space_gib: int | None = Field(
         default=None, description="KV cache GiB of a CPU engine (VLLM_CPU_KVCACHE_SPACE)."
     )
+    cache_root: str | None = Field(default=None, description="VLLM_CACHE_ROOT of the engine actor.")
 
     def settings(self) -> VLLMActorSettings:
         return VLLMActorSettings(**self.model_dump())

@@ -1,0 +1,110 @@
+"""A deliberation on the production storage: the `storage` block of deploy/dagster.yaml
+(dagster-postgres), pointed through its environment variables at a real PostgreSQL server
+(127.0.0.1:5432, or FLEET_TEST_PG_HOST/PORT/USER), in a database created for this test run and
+dropped after it. Skipped, with the reason shown, when no server answers."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import psycopg2
+import pytest
+import yaml
+
+from fleet_pipelines.assets.deliberation import (
+    deliberation_assets,
+    deliberation_partitions,
+    deliberation_run_config,
+)
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PG = {
+    "host": os.environ.get("FLEET_TEST_PG_HOST", "127.0.0.1"),
+    "port": int(os.environ.get("FLEET_TEST_PG_PORT", "5432")),
+    "user": os.environ.get("FLEET_TEST_PG_USER", "postgres"),
+}
+
+
+def _admin() -> psycopg2.extensions.connection:
+    conn = psycopg2.connect(dbname="postgres", connect_timeout=3, **PG)
+    conn.autocommit = True
+    return conn
+
+
+@pytest.fixture
+def postgres_db() -> Iterator[str]:
+    """A fresh database on the real server; dropped afterwards."""
+    try:
+        admin = _admin()
+    except psycopg2.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL server at {PG['host']}:{PG['port']} ({exc})".strip())
+    name = f"fleet_test_{uuid.uuid4().hex[:12]}"
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture
+def postgres_home(postgres_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A DAGSTER_HOME whose dagster.yaml is the production storage block, as deployed."""
+    production = yaml.safe_load((ROOT / "deploy" / "dagster.yaml").read_text())
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump({"storage": production["storage"]}))
+    monkeypatch.setenv("DAGSTER_PG_HOST", PG["host"])
+    monkeypatch.setenv("DAGSTER_PG_USER", PG["user"])
+    monkeypatch.setenv("DAGSTER_PG_PASSWORD", os.environ.get("FLEET_TEST_PG_PASSWORD", ""))
+    monkeypatch.setenv("DAGSTER_PG_DB", postgres_db)
+    assert PG["port"] == production["storage"]["postgres"]["postgres_db"]["port"]
+    return home
+
+
+def test_deliberation_is_stored_in_postgres(stack_env, postgres_home: Path, postgres_db: str):
+    task_id = "pg-add-1"
+    task = {"description": "Write a Python function add(a, b).", "role": "DEV", "num_agents": 2, "rounds": 0}
+    with dg.DagsterInstance.from_config(str(postgres_home)) as instance:
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
+        result = dg.materialize(
+            deliberation_assets,
+            resources=stack_env,
+            instance=instance,
+            partition_key=task_id,
+            run_config=deliberation_run_config(task),
+        )
+        assert result.success
+        run_id = result.run_id
+        materialized = len(result.get_asset_materialization_events())
+        assert materialized >= 5  # deliberation_task, proposals, reviews, scores, decision
+
+    # A new instance (another process in production: webserver, daemon) reads it all back.
+    with dg.DagsterInstance.from_config(str(postgres_home)) as instance:
+        assert instance.get_run_by_id(run_id).is_success
+        assert instance.get_dynamic_partitions(deliberation_partitions.name) == [task_id]
+        event = instance.get_latest_materialization_event(dg.AssetKey("decision"))
+        assert event is not None and event.dagster_event.partition == task_id
+
+    # And the rows are in the server's database, not in a local file.
+    conn = psycopg2.connect(dbname=postgres_db, **PG)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT status FROM runs WHERE run_id = %s", (run_id,))
+            assert cur.fetchone() == ("SUCCESS",)
+            cur.execute(
+                "SELECT count(*) FROM event_logs WHERE run_id = %s AND dagster_event_type = %s",
+                (run_id, "ASSET_MATERIALIZATION"),
+            )
+            assert cur.fetchone()[0] == materialized
+    finally:
+        conn.close()

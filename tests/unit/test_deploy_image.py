@@ -1,0 +1,79 @@
+"""The one image installs what CI tests: deploy/Dockerfile installs only through the Makefile's
+`install` target, whose recipe (read with `make -n`) is the one `make test` runs, on the
+Python CI runs. Docker itself is not available here; the image build is not run."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = (ROOT / "deploy" / "Dockerfile").read_text()
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def run_instructions() -> list[str]:
+    """RUN instructions of the Dockerfile with line continuations joined."""
+    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE)
+    return [line[4:].strip() for line in joined.splitlines() if line.startswith("RUN ")]
+
+
+def make_dry_run(*args: str) -> list[str]:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()
+
+
+def pip_installs(lines: list[str]) -> list[str]:
+    return [line for line in lines if " pip install " in f" {line} " and "--upgrade pip" not in line]
+
+
+def image_installs() -> list[tuple[str, str]]:
+    """(make target, EXTRAS) of each `make install ...` in the Dockerfile."""
+    found = []
+    for command in run_instructions():
+        words = shlex.split(command)
+        if words[:1] == ["make"]:
+            variables = dict(w.split("=", 1) for w in words[2:])
+            found.append((words[1], variables["EXTRAS"]))
+    return found
+
+
+def test_the_dockerfile_installs_python_packages_only_through_make_install():
+    assert not any("pip" in command for command in run_instructions())
+    assert image_installs() == [("install", "k8s"), ("install", "k8s,vllm-gpu")]
+    for _, extras in image_installs():
+        assert set(extras.split(",")) <= set(PYPROJECT["project"]["optional-dependencies"])
+
+
+def test_image_install_runs_the_same_recipe_as_make_test(tmp_path: Path):
+    venv = tmp_path / "venv"  # absent, so the dry run prints the whole install chain
+    test_chain = make_dry_run("test", f"VENV={venv}")
+    (test_pip,) = pip_installs(test_chain)
+    for target, extras in image_installs():
+        (image_pip,) = pip_installs(make_dry_run(target, f"VENV={venv}", f"EXTRAS={extras}"))
+        assert image_pip == test_pip.replace("'.[dev,k8s]'", f"'.[{extras}]'")
+    # The venv is created by the same interpreter command in both.
+    assert f"python3 -m venv {venv}" in test_chain
+
+
+def test_the_image_runs_the_python_ci_tests_with():
+    (version,) = re.findall(r"^ARG PYTHON_VERSION=(\S+)$", DOCKERFILE, flags=re.MULTILINE)
+    assert version == f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert PYPROJECT["project"]["requires-python"] == f">={version}"
+
+
+def test_the_code_server_command_loads_our_code_location():
+    module = PYPROJECT["tool"]["dagster"]["module_name"]
+    cmds = re.findall(r"^CMD (.+)$", DOCKERFILE, flags=re.MULTILINE)
+    assert len(cmds) == 2
+    for cmd in cmds:
+        assert f'"--module-name", "{module}"' in cmd
