@@ -6,7 +6,6 @@ Its check flags a drop in pass@1 against the latest earlier partition that evalu
 problems with the same model and council shape.
 """
 
-
 import base64
 import hashlib
 import io
@@ -175,15 +174,15 @@ def plot_png(summary: pd.DataFrame, title: str) -> bytes:
     return buffer.getvalue()
 
 
-def _fingerprint(problem_ids: list[str], model: str, config: EvaluationConfig) -> str:
-    key = json.dumps(
-        [config.suite, problem_ids, model, config.num_agents, config.rounds, config.max_tokens],
-        sort_keys=True,
-    )
+def fingerprint(
+    problem_ids: list[str], model: str, suite: str, num_agents: int, rounds: int, max_tokens: int
+) -> str:
+    """What makes two partitions comparable: same problems, model and council shape."""
+    key = json.dumps([suite, problem_ids, model, num_agents, rounds, max_tokens])
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def _previous(context: dg.AssetExecutionContext, fingerprint: str) -> tuple[str, dict[ev.Arm, float]] | None:
+def _previous(context: dg.AssetExecutionContext, key: str) -> tuple[str, dict[ev.Arm, float]] | None:
     """pass@1 per arm of the latest earlier partition with the same fingerprint."""
     records = context.instance.fetch_materializations(context.asset_key, limit=200).records
     for record in records:
@@ -191,16 +190,16 @@ def _previous(context: dg.AssetExecutionContext, fingerprint: str) -> tuple[str,
         metadata = record.asset_materialization.metadata if record.asset_materialization else {}
         if partition is None or partition >= context.partition_key:
             continue
-        if metadata.get("fingerprint") is None or metadata["fingerprint"].value != fingerprint:
+        if metadata.get("fingerprint") is None or metadata["fingerprint"].value != key:
             continue
         return partition, {arm: metadata[f"pass_at_1_{arm.value}"].value for arm in ev.Arm}
     return None
 
 
 def drop_check(
-    context: dg.AssetExecutionContext, fingerprint: str, current: dict[ev.Arm, float], tolerance: float
+    context: dg.AssetExecutionContext, key: str, current: dict[ev.Arm, float], tolerance: float
 ) -> dg.AssetCheckResult:
-    previous = _previous(context, fingerprint)
+    previous = _previous(context, key)
     if previous is None:
         return dg.AssetCheckResult(
             check_name=DROP_CHECK,
@@ -279,7 +278,14 @@ def evaluation(
         f"{council.llm.model}, N={config.num_agents}, R={config.rounds}, max_tokens={config.max_tokens}"
     )
     png = plot_png(summary, header.removeprefix("## "))
-    fingerprint = _fingerprint([p.problem_id for p in problems], council.llm.model, config)
+    key = fingerprint(
+        [p.problem_id for p in problems],
+        council.llm.model,
+        config.suite,
+        config.num_agents,
+        config.rounds,
+        config.max_tokens,
+    )
     metadata: dict[str, dg.RawMetadataValue] = {
         "report": dg.MetadataValue.md(report_markdown(summary, comparisons, header)),
         "summary": frames.table(summary, SUMMARY_COLUMNS),
@@ -288,10 +294,10 @@ def evaluation(
         ),
         "comparisons": dg.MetadataValue.json([c.model_dump(mode="json") for c in comparisons]),
         "problems": len(problems),
-        "fingerprint": fingerprint,
+        "fingerprint": key,
         **{f"pass_at_1_{arm.value}": float(overall[arm]) for arm in ev.Arm},
     }
-    check = drop_check(context, fingerprint, overall, config.drop_tolerance)
+    check = drop_check(context, key, overall, config.drop_tolerance)
     yield dg.Output(df, metadata=metadata)
     yield check
 

@@ -1,0 +1,85 @@
+"""A tiny real evaluation: llama.cpp server (SmolLM2-135M), Ray head, Dagster instance, sandbox."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import dagster as dg
+import pytest
+
+from fleet_pipelines.assets.evaluation import DROP_CHECK, evaluation, fingerprint
+from fleet_pipelines.domain.evaluation import Arm
+
+pytestmark = pytest.mark.integration
+
+PROBLEMS = ["HumanEval/23", "HumanEval/2"]  # strlen, truncate_number: the easiest of the dev split
+CONFIG = {
+    "suite": "humaneval",
+    "problem_ids": PROBLEMS,
+    "num_agents": 2,
+    "rounds": 1,
+    "max_tokens": 128,
+    "max_samples_b": 6,
+    "max_concurrent_problems": 2,
+    "bootstrap_resamples": 500,
+}
+
+
+def test_tiny_evaluation_runs_every_arm_and_reports(stack_env, dagster_instance):
+    # An earlier partition of the same problems and model where every arm passed everything: the
+    # drop check must flag every arm that now scores below 1.0 by more than the tolerance.
+    model = stack_env["council"].llm.model
+    dagster_instance.report_runless_asset_event(
+        dg.AssetMaterialization(
+            asset_key="evaluation",
+            partition="2026-01-01",
+            metadata={
+                "fingerprint": fingerprint(PROBLEMS, model, "humaneval", 2, 1, 128),
+                **{f"pass_at_1_{arm.value}": 1.0 for arm in Arm},
+            },
+        )
+    )
+    result = dg.materialize(
+        [evaluation],
+        resources=stack_env,
+        instance=dagster_instance,
+        partition_key="2026-01-02",
+        run_config={"ops": {"evaluation": {"config": CONFIG}}},
+    )
+    assert result.success
+    df = result.output_for_node("evaluation")
+    assert sorted(zip(df["problem_id"], df["arm"], strict=True)) == sorted(
+        (p, a.value) for p in PROBLEMS for a in Arm
+    )
+    by_arm = {arm: df[df["arm"] == arm] for arm in "ABCD"}
+    assert (by_arm["A"]["calls"] == 1).all() and (by_arm["A"]["candidates"] == 1).all()
+    assert (by_arm["C"]["calls"] == 2).all() and (by_arm["C"]["candidates"] == 2).all()
+    # D: 2 proposals, then each agent critiques the other and revises (when turns succeed).
+    assert (by_arm["D"]["calls"] >= 2).all() and (by_arm["D"]["candidates"] == 2).all()
+    assert by_arm["B"]["calls"].between(1, 6).all()
+    assert (df["tokens_in"] > 0).all() and (df["tokens_out"] > 0).all() and (df["wall_s"] > 0).all()
+
+    for row in df.to_dict("records"):
+        candidates = json.loads(row["candidate_details"])
+        assert row["oracle"] == any(c["passed"] for c in candidates)
+        chosen = [c for c in candidates if c["agent_id"] == row["selected_agent"]]
+        assert row["passed"] == (bool(chosen) and chosen[0]["passed"])
+        for c in candidates:
+            assert c["hidden_status"] in {"passed", "failed", "timeout", "error", "no_code"}
+            assert c["passed"] == (c["hidden_status"] == "passed")
+
+    metadata = result.asset_materializations_for_node("evaluation")[0].metadata
+    report = metadata["report"].value
+    assert "D vs B" in report and "D vs C" in report and "McNemar" in report
+    png = re.search(r"base64,([A-Za-z0-9+/=]+)", metadata["plot"].value).group(1)
+    assert base64.b64decode(png).startswith(b"\x89PNG")
+    assert len(metadata["summary"].value.records) == 4
+    current = {arm: metadata[f"pass_at_1_{arm.value}"].value for arm in Arm}
+    assert current["A"] == by_arm["A"]["passed"].mean()
+
+    check = result.get_asset_check_evaluations()[0]
+    assert check.check_name == DROP_CHECK
+    assert check.metadata["compared_with"].value == "2026-01-01"
+    assert check.passed == all(v >= 0.95 for v in current.values())
