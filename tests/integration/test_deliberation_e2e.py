@@ -156,3 +156,22 @@ def test_cli_rejects_bad_arguments_with_exit_code_2(args, expected, tmp_path: Pa
     )
     assert done.returncode == 2
     assert expected in done.stderr
+
+
+def test_decision_checks_judge_each_partition_alone(stack_env, dagster_instance):
+    """Regression: a separate @asset_check loaded the decision of every partition (a dict)."""
+    config = {**TASK_CONFIG, "num_agents": 1, "rounds": 0, "requirements": []}
+    for task_id in ["checks-a", "checks-b"]:
+        dagster_instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
+        result = dg.materialize(
+            deliberation_assets,
+            resources=stack_env,
+            instance=dagster_instance,
+            partition_key=task_id,
+            run_config=deliberation_run_config(config),
+        )
+        assert result.success
+        checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+        assert checks["quorum_met"].passed
+        assert checks["quorum_met"].metadata["usable_agents"].value == 1
+        assert "winner_passes_checks" in checks
