@@ -75,9 +75,14 @@ def derived_task_id(plan_id: str, role: str, index: int | None = None) -> str:
 
 
 def _reason(exc: ValidationError, prefix: str = "") -> str:
-    return "; ".join(
-        f"{prefix}{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in exc.errors()
-    )
+    """Each error as `field.path: message (got value)`; values of containers are left out."""
+    parts = []
+    for err in exc.errors():
+        where = prefix + (".".join(str(p) for p in err["loc"]) or "payload")
+        value = err.get("input")
+        got = "" if isinstance(value, dict | list) or "missing" in err["type"] else f" (got {value!r:.80})"
+        parts.append(f"{where}: {err['msg']}{got}")
+    return "; ".join(parts)
 
 
 def _envelope(message: StreamMessage) -> tuple[EventEnvelope, bool]:
