@@ -56,6 +56,8 @@ def cmd_model_serve(args: argparse.Namespace) -> int:
             parallel=args.parallel,
             threads=args.threads,
             ctx_per_slot=args.ctx_per_slot,
+            # From the environment only, so the key never shows in a process listing.
+            api_key=os.environ.get("FLEET_LLM_API_KEY") or None,
         )
     )
     return 0

@@ -85,7 +85,9 @@ def launch(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None
     return Service(name=name, process=process, log_path=log_path)
 
 
-def start_model_server(log_dir: Path, port: int, parallel: int = 3, timeout_s: float = 120) -> Service:
+def start_model_server(
+    log_dir: Path, port: int, parallel: int = 3, timeout_s: float = 120, env: dict[str, str] | None = None
+) -> Service:
     service = launch(
         "model-server",
         [
@@ -100,6 +102,7 @@ def start_model_server(log_dir: Path, port: int, parallel: int = 3, timeout_s: f
             str(parallel),
         ],
         log_dir,
+        env,
     )
     service.wait_ready(lambda: http_ok(f"http://127.0.0.1:{port}/health"), timeout_s)
     return service

@@ -59,6 +59,7 @@ class ServerSettings:
     ctx_per_slot: int = 4096
     threads: int = 1  # two threads collapse under load on a 2-core machine (measured)
     model_name: str = MODEL_NAME
+    api_key: str | None = None  # when set, requests must carry it (Authorization: Bearer)
 
 
 def serve(settings: ServerSettings, ready: threading.Event | None = None) -> None:
@@ -74,6 +75,8 @@ def serve(settings: ServerSettings, ready: threading.Event | None = None) -> Non
     params.cpuparams_batch.n_threads = settings.threads
     params.hostnames = [settings.host]
     params.port = settings.port
+    if settings.api_key:
+        params.api_keys = [settings.api_key]
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
