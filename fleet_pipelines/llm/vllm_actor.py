@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import os
 import time
 import uuid
 from pathlib import Path
@@ -125,7 +126,7 @@ class VLLMEngineActor:
         }
 
     def stats(self) -> dict[str, int]:
-        return {"peak_in_flight": self.peak_in_flight}
+        return {"peak_in_flight": self.peak_in_flight, "pid": os.getpid()}
 
 
 def engine_actor(settings: VLLMActorSettings) -> ray.actor.ActorHandle:
