@@ -6,6 +6,7 @@ convert frames, call the domain, and hand agent turns to the Ray dispatcher.
 
 import json
 import time
+from collections.abc import Iterator
 
 import dagster as dg
 import pandas as pd
@@ -251,7 +252,30 @@ def scores(
     return dg.Output(df, metadata=metadata)
 
 
-@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
+QUORUM_CHECK = dg.AssetCheckSpec(
+    "quorum_met",
+    asset="decision",
+    blocking=True,
+    description="A quorum of agents (default a majority) delivered a final proposal. Blocking: a FAILED "
+    "or TIMEOUT deliberation shows red and nothing downstream runs on it.",
+)
+WINNER_CHECK = dg.AssetCheckSpec(
+    "winner_passes_checks",
+    asset="decision",
+    additional_deps=["scores"],
+    description="The winner's code parses and passes the task's tests (tests that could not run count "
+    "as not passed). A warning: the decision stands, the UI says it is unverified.",
+)
+
+
+# The checks are evaluated inside the asset, on this partition's frames: a separate @asset_check
+# would load the decision of every partition (it has no partition of its own).
+@dg.asset(
+    partitions_def=deliberation_partitions,
+    group_name=GROUP,
+    kinds={"python"},
+    check_specs=[QUORUM_CHECK, WINNER_CHECK],
+)
 def decision(
     context: dg.AssetExecutionContext,
     deliberation_task: pd.DataFrame,
@@ -260,7 +284,7 @@ def decision(
     scores: pd.DataFrame,
     council: CouncilResource,
     nats: NatsResource,
-) -> dg.Output[pd.DataFrame]:
+) -> Iterator[dg.Output[pd.DataFrame] | dg.AssetCheckResult]:
     """The winner, the ranking and the status (COMPLETED, PARTIAL, FAILED, TIMEOUT), with reasons."""
     task = frames.task_from_frame(deliberation_task)
     agents = build_council(task.role, task.num_agents, council.council_settings())
@@ -281,8 +305,9 @@ def decision(
     tags = context.run.tags
     nats.publish([deliberation_outcome_event(outcome, tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION))])
     ranking_md = "\n".join(f"{r.rank}. {r.agent_id} — {r.score:.3f}" for r in result.ranking) or "_none_"
-    return dg.Output(
-        frames.decision_to_frame(task, result, winner_content),
+    frame = frames.decision_to_frame(task, result, winner_content)
+    yield dg.Output(
+        frame,
         metadata={
             "status": result.status.value,
             "winner": result.winner_id or "none",
@@ -290,17 +315,14 @@ def decision(
             "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in result.reasons)),
         },
     )
+    yield quorum_met(frame)
+    yield winner_passes_checks(frame, scores)
 
 
-@dg.asset_check(
-    asset=decision,
-    blocking=True,
-    description="A quorum of agents (default a majority) delivered a final proposal. Blocking: a FAILED "
-    "or TIMEOUT deliberation shows red and nothing downstream runs on it.",
-)
 def quorum_met(decision: pd.DataFrame) -> dg.AssetCheckResult:
     row = decision.iloc[0]
     return dg.AssetCheckResult(
+        check_name=QUORUM_CHECK.name,
         passed=bool(row["usable_agents"] >= row["quorum"]),
         severity=dg.AssetCheckSeverity.ERROR,
         description=f"{row['usable_agents']} agents with a final proposal, quorum {row['quorum']}",
@@ -314,19 +336,19 @@ def quorum_met(decision: pd.DataFrame) -> dg.AssetCheckResult:
     )
 
 
-@dg.asset_check(
-    asset=decision,
-    additional_ins={"scores": dg.AssetIn("scores")},
-    description="The winner's code parses and passes the task's tests (tests that could not run count "
-    "as not passed). A warning: the decision stands, the UI says it is unverified.",
-)
 def winner_passes_checks(decision: pd.DataFrame, scores: pd.DataFrame) -> dg.AssetCheckResult:
     winner = decision.iloc[0]["winner_id"]
     if winner is None or winner not in set(scores["agent_id"]):
-        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, description="no winner")
+        return dg.AssetCheckResult(
+            check_name=WINNER_CHECK.name,
+            passed=False,
+            severity=dg.AssetCheckSeverity.WARN,
+            description="no winner",
+        )
     row = scores[scores["agent_id"] == winner].iloc[0]
     failures = json.loads(row["gate_failures"])
     return dg.AssetCheckResult(
+        check_name=WINNER_CHECK.name,
         passed=not failures,
         severity=dg.AssetCheckSeverity.WARN,
         description="; ".join(failures) or f"{winner} passes its code and test checks",
@@ -334,6 +356,4 @@ def winner_passes_checks(decision: pd.DataFrame, scores: pd.DataFrame) -> dg.Ass
     )
 
 
-deliberation_checks = [quorum_met, winner_passes_checks]
-# Dagster takes asset checks wherever it takes assets: the job and Definitions get both from here.
-deliberation_assets = [deliberation_task, proposals, reviews, scores, decision, *deliberation_checks]
+deliberation_assets = [deliberation_task, proposals, reviews, scores, decision]
