@@ -35,6 +35,7 @@ def _vllm_actor_config() -> VLLMActorConfig | None:
         model=model,
         served_model_name=settings.llm_model(),
         num_gpus=float(settings.env("FLEET_VLLM_NUM_GPUS", default="1")),
+        num_cpus=float(settings.env("FLEET_VLLM_NUM_CPUS", default="1")),
         dtype=settings.env("FLEET_VLLM_DTYPE", default="auto"),
         enforce_eager=settings.env("FLEET_VLLM_ENFORCE_EAGER", default="0") == "1",
         cpu_kvcache_space_gib=int(kv_cache) if kv_cache else None,

@@ -118,7 +118,8 @@ class VLLMEngineActor:
                     final = output
         finally:
             self.in_flight -= 1
-        assert final is not None, "vLLM finished a request without any output"
+        if final is None:
+            raise RuntimeError("vLLM finished a request without any output")
         return {
             "content": final.outputs[0].text,
             "tokens_in": len(final.prompt_token_ids or []),

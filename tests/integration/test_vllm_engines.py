@@ -168,6 +168,8 @@ class TestRayActor:
                 "FLEET_VLLM_MODEL": str(hf_model),
                 "FLEET_LLM_MODEL": MODEL_NAME,
                 "FLEET_VLLM_NUM_GPUS": "0",
+                # The test head has 2 CPUs; Dagster's Ray resource needs a whole one free to start.
+                "FLEET_VLLM_NUM_CPUS": "0.5",
                 "FLEET_VLLM_DTYPE": "float32",
                 "FLEET_VLLM_ENFORCE_EAGER": "1",
                 "FLEET_VLLM_CPU_KVCACHE_GIB": "1",
