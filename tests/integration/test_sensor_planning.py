@@ -182,7 +182,9 @@ def test_run_failure_sensor_publishes_deliberation_failed(dagster_instance, nats
     task_id = "crash-1"
     dagster_instance.add_dynamic_partitions("deliberations", [task_id])
     # A real run of the job that crashes in its first step (invalid role): no decision is made.
+    # Only that step is selected, so the run needs no Ray or engine resource.
     result = _job().execute_in_process(
+        asset_selection=[dg.AssetKey("deliberation_task")],
         run_config=deliberation_run_config({"description": "x", "role": "CHEF"}),
         instance=dagster_instance,
         partition_key=task_id,
