@@ -1,0 +1,133 @@
+"""The real Dagster daemon and the planning sensor (issue 7): events published while the daemon is
+down start runs when it returns; the same event published again (same or new Nats-Msg-Id) and a
+reset sensor cursor start no second run.
+
+Runs stay QUEUED (`max_concurrent_runs: 0`): this is about which runs exist, not their execution.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.scheduler.instigation import TickStatus
+
+from fleet_pipelines import stack
+from fleet_pipelines.events.models import EventEnvelope
+from fleet_pipelines.events.streams import PLAN_APPROVED
+from fleet_pipelines.resources.events import NatsResource
+from fleet_pipelines.sensors.planning import PLANNING_SENSOR
+from tests.integration.test_sensor_planning import publish_raw
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def plan(i: int) -> bytes:
+    return (
+        EventEnvelope(
+            event_type=PLAN_APPROVED,
+            idempotency_key=f"dr-{i}",
+            correlation_id=f"dr-{i}",
+            payload={
+                "story_id": f"US-{i}",
+                "plan_id": f"P-{i}",
+                "approved_by": "po",
+                "approved_at": "2026-11-25T10:00:00Z",
+                "roles": ["DEV"],
+            },
+        )
+        .model_dump_json()
+        .encode()
+    )
+
+
+def run_keys(instance: dg.DagsterInstance) -> list[str]:
+    return [r.tags.get("dagster/run_key") for r in instance.get_runs()]
+
+
+def wait_for_runs(instance: dg.DagsterInstance, count: int, timeout_s: float = 120) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        keys = run_keys(instance)
+        if len(keys) >= count:
+            return keys
+        time.sleep(1)
+    raise AssertionError(f"{len(run_keys(instance))} runs after {timeout_s}s, expected {count}")
+
+
+def test_daemon_down_then_back_and_replays_start_no_second_run(nats_resource: NatsResource, tmp_path: Path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        "run_queue:\n  max_concurrent_runs: 0\nsensors:\n  use_threads: true\ntelemetry:\n  enabled: false\n"
+    )
+    env = {**os.environ, "DAGSTER_HOME": str(home), "NATS_URL": nats_resource.url}
+    daemon_cmd = [
+        str(Path(sys.executable).with_name("dagster-daemon")),
+        "run",
+        "-w",
+        str(REPO / "workspace.yaml"),
+    ]
+
+    def start_daemon() -> stack.Service:
+        return stack.launch("dagster-daemon", daemon_cmd, tmp_path / "logs", env)
+
+    instance = dg.DagsterInstance.from_config(str(home))
+    daemon = start_daemon()
+    try:
+        for i in range(3):
+            publish_raw(nats_resource, plan(i), msg_id=f"dr-{i}")
+        first = wait_for_runs(instance, 3)
+    finally:
+        daemon.stop()
+
+    # Daemon down: new plans, the same plan again under a new message id, and under the same one.
+    for i in range(3, 6):
+        publish_raw(nats_resource, plan(i), msg_id=f"dr-{i}")
+    publish_raw(nats_resource, plan(0), msg_id="dr-0-resent")  # stored again; same idempotency key
+    publish_raw(nats_resource, plan(1), msg_id="dr-1")  # dropped by JetStream's duplicate window
+
+    daemon = start_daemon()
+    try:
+        keys = wait_for_runs(instance, 6)
+        time.sleep(12)  # two more sensor intervals: nothing else may appear
+        keys = run_keys(instance)
+        assert len(keys) == 6 == len(set(keys))
+        assert set(first) < set(keys)
+
+        # An operator resets the cursor: the sensor re-reads the stream from the start.
+        reset_at = time.time()
+        subprocess.run(
+            [
+                str(Path(sys.executable).with_name("dagster")),
+                "sensor",
+                "cursor",
+                PLANNING_SENSOR,
+                "--delete",
+                "-w",
+                str(REPO / "workspace.yaml"),
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        time.sleep(15)  # at least two ticks after the reset
+    finally:
+        daemon.stop()
+    keys = run_keys(instance)
+    assert len(keys) == 6 == len(set(keys)), "a replay started a second run"
+    state = next(s for s in instance.all_instigator_state() if s.name == PLANNING_SENSOR)
+    ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id)
+    assert ticks and all(t.status != TickStatus.FAILURE for t in ticks)
+    # After the reset the sensor asked again for every run (it re-read the stream) and the daemon
+    # started none of them: their run keys were taken.
+    replayed = [t for t in ticks if t.timestamp > reset_at and t.run_keys]
+    assert replayed and set().union(*(t.run_keys for t in replayed)) <= set(keys)
+    assert not any(t.run_ids for t in replayed)
