@@ -143,6 +143,43 @@ def cmd_nats_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nats_rejected(args: argparse.Namespace) -> int:
+    from .events.bus import NatsError
+    from .events.redrive import dead_letters
+    from .resources.events import NatsResource
+
+    try:
+        found = NatsResource.from_env().session(dead_letters)
+    except NatsError as exc:
+        print(f"fleet nats rejected: {exc}", file=sys.stderr)
+        return 1
+    for d in found:
+        if args.json:
+            print(d.model_dump_json())
+        else:
+            print(f"seq {d.stream_sequence}: {d.reason}")
+    return 0
+
+
+def cmd_nats_redrive(args: argparse.Namespace) -> int:
+    from .events.bus import NatsError
+    from .events.planning import InvalidEvent
+    from .events.redrive import redrive
+    from .resources.events import NatsResource
+
+    body = Path(args.file).read_bytes() if args.file else None
+    try:
+        seq = NatsResource.from_env().session(lambda s: redrive(s, args.seq, body))
+    except (LookupError, InvalidEvent) as exc:
+        print(f"fleet nats redrive: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except NatsError as exc:
+        print(f"fleet nats redrive: {exc}", file=sys.stderr)
+        return 1
+    print(f"re-driven: seq {args.seq} -> planning.plan.approved seq {seq}")
+    return 0
+
+
 def cmd_deliberate(args: argparse.Namespace) -> int:
     from .events.bus import NatsError
     from .events.planning import InvalidEvent, StreamMessage, plan_deliberations, single_task_plan
@@ -362,6 +399,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     nats_init = nats.add_parser("init", help="create or update the streams; never deletes data")
     nats_init.set_defaults(func=cmd_nats_init)
+    rejected = nats.add_parser("rejected", help="list planning messages the sensor rejected, with reasons")
+    rejected.add_argument("--json", action="store_true", help="one dead-letter payload per line")
+    rejected.set_defaults(func=cmd_nats_rejected)
+    redrive = nats.add_parser(
+        "redrive", help="republish a rejected planning message (as it was, or corrected with --file)"
+    )
+    redrive.add_argument("seq", type=int, help="its PLANNING_EVENTS sequence (see `fleet nats rejected`)")
+    redrive.add_argument("--file", help="the corrected message (JSON) to publish instead of the original")
+    redrive.set_defaults(func=cmd_nats_redrive)
 
     deliberate = sub.add_parser(
         "deliberate", help="publish an approved plan with one task; prints the task id once JetStream acks"
