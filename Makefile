@@ -29,8 +29,10 @@ install: $(STAMP)
 model: install
 	$(VENV)/bin/fleet model fetch
 
+# Other ports, e.g. make dev DEV_ARGS="--port 3001 --nats-port 4333" (see `fleet dev --help`).
+DEV_ARGS ?=
 dev: model
-	$(VENV)/bin/fleet dev
+	$(VENV)/bin/fleet dev $(DEV_ARGS)
 
 test: model
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -301,6 +301,17 @@ def cmd_dev(args: argparse.Namespace) -> int:
         for service in reversed(services):
             service.stop()
 
+    wanted = {"--port": args.port, "--model-port": args.model_port, "--ray-port": args.ray_port}
+    if not os.environ.get("NATS_URL"):
+        wanted["--nats-port"] = args.nats_port
+    busy = [f"{flag} {port}" for flag, port in wanted.items() if stack.port_open("127.0.0.1", port)]
+    if busy:
+        print(
+            f"fleet dev: port(s) in use: {', '.join(busy)}; pass other ports (make dev DEV_ARGS='…') "
+            "or stop what holds them",
+            file=sys.stderr,
+        )
+        return 1
     signal.signal(signal.SIGTERM, lambda *_: stop_all())
     try:
         print(f"logs in {log_dir}", flush=True)
@@ -363,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--nats-port",
         type=int,
-        default=4222,
+        default=4223,  # not 4222: a machine's own NATS often holds that one (use it through NATS_URL)
         help="embedded nats-server port (not started if NATS_URL is set)",
     )
     dev.set_defaults(func=cmd_dev)

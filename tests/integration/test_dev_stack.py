@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_path: Path):
-    ui, model, ray = stack.free_port(), stack.free_port(), stack.free_port()
+    ui, model, ray, nats = stack.free_port(), stack.free_port(), stack.free_port(), stack.free_port()
     home = tmp_path / "home"
     env = {
         **os.environ,
@@ -28,7 +29,7 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
         "DAGSTER_HOME": str(home),
         "FLEET_MAX_TOKENS": "64",
     }
-    for name in ("FLEET_LLM_BASE_URL", "RAY_ADDRESS", "VLLM_URL"):
+    for name in ("FLEET_LLM_BASE_URL", "RAY_ADDRESS", "VLLM_URL", "NATS_URL"):
         env.pop(name, None)
     dev = subprocess.Popen(
         [
@@ -42,6 +43,8 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
             str(model),
             "--ray-port",
             str(ray),
+            "--nats-port",
+            str(nats),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -85,8 +88,30 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
         assert status == dg.DagsterRunStatus.SUCCESS
         event = instance.get_latest_materialization_event(dg.AssetKey("proposals"))
         assert "agent-dev-002" in event.asset_materialization.metadata["preview"].value
+
+        # What the planning service does: an approved plan on NATS; the daemon's sensor starts the run.
+        fleet_env = {**env, "NATS_URL": f"nats://127.0.0.1:{nats}"}
+        fleet = [sys.executable, "-m", "fleet_pipelines.cli"]
+        submitted = subprocess.run(
+            [*fleet, "deliberate", "Write sub(a, b) in Python.", "--agents", "1", "--rounds", "0"],
+            env=fleet_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        task_id = submitted.stdout.strip()
+        result = subprocess.run(
+            [*fleet, "result", task_id, "--wait", "240", "--json"],
+            env=fleet_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert json.loads(result.stdout)["status"] == "COMPLETED"
     finally:
         os.killpg(dev.pid, signal.SIGINT)
         dev.wait(90)
-    for port in (ui, model, ray):
+    for port in (ui, model, ray, nats):
         assert not stack.port_open("127.0.0.1", port), f"port {port} still open after Ctrl-C"
