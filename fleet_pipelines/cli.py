@@ -63,6 +63,20 @@ def cmd_model_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def task_from_args(args: argparse.Namespace) -> tuple[str, dict]:
+    """The task id (generated unless given) and task config of `fleet run` / `fleet deliberate`."""
+    task_id = args.task_id or f"task-{args.role.lower()}-{uuid.uuid4().hex[:10]}"
+    return task_id, {
+        "description": args.description,
+        "role": args.role,
+        "num_agents": args.agents,
+        "rounds": args.rounds,
+        "rubric": args.rubric,
+        "requirements": args.requirement,
+        "timeout_seconds": args.timeout,
+    }
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import dagster as dg
 
@@ -73,16 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         deliberation_run_config,
     )
 
-    task_id = args.task_id or f"task-{args.role.lower()}-{uuid.uuid4().hex[:10]}"
-    task_config = {
-        "description": args.description,
-        "role": args.role,
-        "num_agents": args.agents,
-        "rounds": args.rounds,
-        "rubric": args.rubric,
-        "requirements": args.requirement,
-        "timeout_seconds": args.timeout,
-    }
+    task_id, task_config = task_from_args(args)
     try:
         build_task(task_id, DeliberationConfig(**task_config))
     except dg.Failure as exc:
@@ -186,16 +191,7 @@ def cmd_deliberate(args: argparse.Namespace) -> int:
     from .events.streams import PLAN_APPROVED, PLANNING_STREAM
     from .resources.events import NatsResource
 
-    task_id = args.task_id or f"task-{args.role.lower()}-{uuid.uuid4().hex[:10]}"
-    task = {
-        "description": args.description,
-        "role": args.role,
-        "num_agents": args.agents,
-        "rounds": args.rounds,
-        "rubric": args.rubric,
-        "requirements": args.requirement,
-        "timeout_seconds": args.timeout,
-    }
+    task_id, task = task_from_args(args)
     try:
         envelope = single_task_plan(
             task_id,
@@ -361,8 +357,20 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     from .domain.models import MAX_AGENTS, MAX_ROUNDS, Role
+
+    parser.add_argument("description", help="the task")
+    parser.add_argument("--role", type=str.upper, choices=[r.value for r in Role], default="DEV")
+    parser.add_argument("--agents", type=int, default=3, help=f"1-{MAX_AGENTS}")
+    parser.add_argument("--rounds", type=int, default=1, help=f"0-{MAX_ROUNDS}")
+    parser.add_argument("--rubric", default="")
+    parser.add_argument("--requirement", action="append", default=[], help="repeat for several")
+    parser.add_argument("--timeout", type=float, default=300.0, help="deliberation deadline (s)")
+    parser.add_argument("--task-id", help="partition key (default: generated)")
+
+
+def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="fleet", description="fleet_pipelines: multi-agent deliberation")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -394,14 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_model_serve)
 
     run = sub.add_parser("run", help="run one deliberation on the local stack and print the decision")
-    run.add_argument("description", help="the task")
-    run.add_argument("--role", type=str.upper, choices=[r.value for r in Role], default="DEV")
-    run.add_argument("--agents", type=int, default=3, help=f"1-{MAX_AGENTS}")
-    run.add_argument("--rounds", type=int, default=1, help=f"0-{MAX_ROUNDS}")
-    run.add_argument("--rubric", default="")
-    run.add_argument("--requirement", action="append", default=[], help="repeat for several")
-    run.add_argument("--timeout", type=float, default=300.0, help="deliberation deadline (s)")
-    run.add_argument("--task-id", help="partition key (default: generated)")
+    add_task_arguments(run)
     run.add_argument("--json", action="store_true", help="print the decision as JSON")
     run.set_defaults(func=cmd_run)
 
@@ -423,14 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     deliberate = sub.add_parser(
         "deliberate", help="publish an approved plan with one task; prints the task id once JetStream acks"
     )
-    deliberate.add_argument("description", help="the task")
-    deliberate.add_argument("--role", type=str.upper, choices=[r.value for r in Role], default="DEV")
-    deliberate.add_argument("--agents", type=int, default=3, help=f"1-{MAX_AGENTS}")
-    deliberate.add_argument("--rounds", type=int, default=1, help=f"0-{MAX_ROUNDS}")
-    deliberate.add_argument("--rubric", default="")
-    deliberate.add_argument("--requirement", action="append", default=[], help="repeat for several")
-    deliberate.add_argument("--timeout", type=float, default=300.0, help="deliberation deadline (s)")
-    deliberate.add_argument("--task-id", help="partition key (default: generated)")
+    add_task_arguments(deliberate)
     deliberate.add_argument("--story", default="adhoc", help="story id of the plan")
     deliberate.add_argument("--plan", help="plan id (default: plan-TASK_ID)")
     deliberate.add_argument("--approved-by", default="fleet-cli")

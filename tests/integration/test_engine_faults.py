@@ -112,7 +112,8 @@ def test_killed_ray_worker_is_rerun_and_the_turn_completes(ray_head):
         killer.join()
     assert killed, "no Ray worker actor was running the turn"
     assert result.status is TurnStatus.COMPLETED
-    assert len(fake.requests) == 2  # the first attempt died with its worker; Ray restarted it and re-ran the turn
+    # The first attempt died with its worker; Ray restarted it and re-ran the turn.
+    assert len(fake.requests) == 2
 
 
 def test_deadline_cancels_unfinished_turns_as_timeout(ray_head):
