@@ -19,9 +19,7 @@ import dagster as dg
 
 from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import (
-    deliberation_assets,
-    deliberation_partitions,
-    deliberation_run_config,
+    materialize_deliberation,
 )
 from fleet_pipelines.dispatch.ray_dispatch import run_turn
 from fleet_pipelines.domain.council import CouncilSettings, build_council
@@ -35,16 +33,9 @@ def run_pipeline(
     resources: dict, instance: dg.DagsterInstance, task_id: str, agents: int
 ) -> tuple[float, float]:
     """Returns (run wall seconds, LLM critical path seconds) of a 0-round deliberation."""
-    instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
     config = {"description": DESCRIPTION, "role": "DEV", "num_agents": agents, "rounds": 0}
     start = time.perf_counter()
-    result = dg.materialize(
-        deliberation_assets,
-        resources=resources,
-        instance=instance,
-        partition_key=task_id,
-        run_config=deliberation_run_config(config),
-    )
+    result = materialize_deliberation(instance, resources, task_id, config)
     wall = time.perf_counter() - start
     assert result.success
     critical_path = result.output_for_node("proposals")["latency_ms"].max() / 1000

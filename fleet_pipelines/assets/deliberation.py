@@ -357,3 +357,22 @@ def winner_passes_checks(decision: pd.DataFrame, scores: pd.DataFrame) -> dg.Ass
 
 
 deliberation_assets = [deliberation_task, proposals, reviews, scores, decision]
+
+
+def materialize_deliberation(
+    instance: dg.DagsterInstance,
+    resources: dict,
+    task_id: str,
+    task_config: dict,
+    raise_on_error: bool = True,
+) -> dg.ExecuteInProcessResult:
+    """Adds the partition and runs one deliberation in this process (tests, benchmarks, notebooks)."""
+    instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
+    return dg.materialize(
+        deliberation_assets,
+        resources=resources,
+        instance=instance,
+        partition_key=task_id,
+        run_config=deliberation_run_config(task_config),
+        raise_on_error=raise_on_error,
+    )

@@ -11,9 +11,7 @@ import pytest
 
 from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import (
-    deliberation_assets,
-    deliberation_partitions,
-    deliberation_run_config,
+    materialize_deliberation,
 )
 from fleet_pipelines.definitions import build_resources
 
@@ -42,18 +40,14 @@ def test_engine_stopped_after_the_proposals_gives_partial_within_the_deadline(
         resources = build_resources()
         task_id = "deadline-engine-stopped"
         deadline_s = 120.0
-        dagster_instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
         outcome: dict = {}
 
         def deliberate() -> None:
-            outcome["result"] = dg.materialize(
-                deliberation_assets,
-                resources=resources,
-                instance=dagster_instance,
-                partition_key=task_id,
-                run_config=deliberation_run_config(
-                    {**TASK_CONFIG, "rounds": 1, "timeout_seconds": deadline_s}
-                ),
+            outcome["result"] = materialize_deliberation(
+                dagster_instance,
+                resources,
+                task_id,
+                {**TASK_CONFIG, "rounds": 1, "timeout_seconds": deadline_s},
                 raise_on_error=False,
             )
 
@@ -90,13 +84,11 @@ def test_a_deadline_hit_before_quorum_is_timeout_and_the_blocking_check_fails(
     monkeypatch.setenv("FLEET_MAX_TOKENS", "512")
     resources = build_resources()
     task_id = "deadline-too-short"
-    dagster_instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    result = dg.materialize(
-        deliberation_assets,
-        resources=resources,
-        instance=dagster_instance,
-        partition_key=task_id,
-        run_config=deliberation_run_config({**TASK_CONFIG, "rounds": 1, "timeout_seconds": 1.0}),
+    result = materialize_deliberation(
+        dagster_instance,
+        resources,
+        task_id,
+        {**TASK_CONFIG, "rounds": 1, "timeout_seconds": 1.0},
         raise_on_error=False,
     )
     proposals = result.output_for_node("proposals")

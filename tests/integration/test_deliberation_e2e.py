@@ -12,9 +12,7 @@ import dagster as dg
 import pytest
 
 from fleet_pipelines.assets.deliberation import (
-    deliberation_assets,
-    deliberation_partitions,
-    deliberation_run_config,
+    materialize_deliberation,
 )
 
 pytestmark = pytest.mark.integration
@@ -31,14 +29,7 @@ TASK_CONFIG = {
 
 def test_three_agents_one_round_materialises_every_asset(stack_env, dagster_instance, tmp_path: Path):
     task_id = "e2e-palindrome-1"
-    dagster_instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    result = dg.materialize(
-        deliberation_assets,
-        resources=stack_env,
-        instance=dagster_instance,
-        partition_key=task_id,
-        run_config=deliberation_run_config(TASK_CONFIG),
-    )
+    result = materialize_deliberation(dagster_instance, stack_env, task_id, TASK_CONFIG)
     assert result.success
 
     proposals = result.output_for_node("proposals")
@@ -80,13 +71,11 @@ def test_three_agents_one_round_materialises_every_asset(stack_env, dagster_inst
 
 def test_invalid_task_config_fails_with_a_precise_message(stack_env, dagster_instance):
     task_id = "bad-config-1"
-    dagster_instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    result = dg.materialize(
-        deliberation_assets,
-        resources=stack_env,
-        instance=dagster_instance,
-        partition_key=task_id,
-        run_config=deliberation_run_config({**TASK_CONFIG, "role": "CHEF", "num_agents": 11}),
+    result = materialize_deliberation(
+        dagster_instance,
+        stack_env,
+        task_id,
+        {**TASK_CONFIG, "role": "CHEF", "num_agents": 11},
         raise_on_error=False,
     )
     assert not result.success
@@ -162,14 +151,7 @@ def test_decision_checks_judge_each_partition_alone(stack_env, dagster_instance)
     """Regression: a separate @asset_check loaded the decision of every partition (a dict)."""
     config = {**TASK_CONFIG, "num_agents": 1, "rounds": 0, "requirements": []}
     for task_id in ["checks-a", "checks-b"]:
-        dagster_instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-        result = dg.materialize(
-            deliberation_assets,
-            resources=stack_env,
-            instance=dagster_instance,
-            partition_key=task_id,
-            run_config=deliberation_run_config(config),
-        )
+        result = materialize_deliberation(dagster_instance, stack_env, task_id, config)
         assert result.success
         checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
         assert checks["quorum_met"].passed

@@ -16,9 +16,8 @@ import pytest
 import yaml
 
 from fleet_pipelines.assets.deliberation import (
-    deliberation_assets,
     deliberation_partitions,
-    deliberation_run_config,
+    materialize_deliberation,
 )
 
 pytestmark = pytest.mark.integration
@@ -75,14 +74,7 @@ def test_deliberation_is_stored_in_postgres(stack_env, postgres_home: Path, post
     task = {"description": "Write a Python function add(a, b).", "role": "DEV", "num_agents": 2, "rounds": 0}
     with dg.DagsterInstance.from_config(str(postgres_home)) as instance:
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"
-        instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-        result = dg.materialize(
-            deliberation_assets,
-            resources=stack_env,
-            instance=instance,
-            partition_key=task_id,
-            run_config=deliberation_run_config(task),
-        )
+        result = materialize_deliberation(instance, stack_env, task_id, task)
         assert result.success
         run_id = result.run_id
         materialized = len(result.get_asset_materialization_events())

@@ -9,9 +9,7 @@ import dagster as dg
 import pytest
 
 from fleet_pipelines.assets.deliberation import (
-    deliberation_assets,
-    deliberation_partitions,
-    deliberation_run_config,
+    materialize_deliberation,
 )
 
 pytestmark = pytest.mark.integration
@@ -30,14 +28,7 @@ TASK_CONFIG = {
 
 def test_scores_are_read_off_the_proposals_with_evidence(stack_env, dagster_instance):
     task_id = "scoring-llm-1"
-    dagster_instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    result = dg.materialize(
-        deliberation_assets,
-        resources=stack_env,
-        instance=dagster_instance,
-        partition_key=task_id,
-        run_config=deliberation_run_config(TASK_CONFIG),
-    )
+    result = materialize_deliberation(dagster_instance, stack_env, task_id, TASK_CONFIG)
     assert result.success
     scores = result.output_for_node("scores")
     assert len(scores) == 3 and sorted(scores["rank"]) == [1, 2, 3]

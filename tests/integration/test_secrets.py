@@ -9,14 +9,11 @@ import asyncio
 import json
 from pathlib import Path
 
-import dagster as dg
 import pytest
 
 from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import (
-    deliberation_assets,
-    deliberation_partitions,
-    deliberation_run_config,
+    materialize_deliberation,
 )
 from fleet_pipelines.definitions import build_resources
 from fleet_pipelines.events.streams import STREAMS
@@ -79,15 +76,8 @@ def test_secrets_stay_out_of_config_logs_and_events(secured_stack: Path, dagster
     assert LLM_KEY not in shown and NATS_TOKEN not in shown
 
     task_id = "secrets-1"
-    dagster_instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
     config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 2, "rounds": 0}
-    result = dg.materialize(
-        deliberation_assets,
-        resources=resources,
-        instance=dagster_instance,
-        partition_key=task_id,
-        run_config=deliberation_run_config(config),
-    )
+    result = materialize_deliberation(dagster_instance, resources, task_id, config)
     assert result.success  # both servers enforce their secret: the run used them
     assert (result.output_for_node("proposals")["status"] == "completed").all()
 

@@ -23,9 +23,7 @@ import dagster as dg
 
 from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import (
-    deliberation_assets,
-    deliberation_partitions,
-    deliberation_run_config,
+    materialize_deliberation,
 )
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.models import Message, Role, TurnKind, TurnRequest, TurnStatus
@@ -63,14 +61,7 @@ def hf_model() -> Path:
 
 
 def _deliberate(resources: dict, instance: dg.DagsterInstance, task_id: str) -> dg.ExecuteInProcessResult:
-    instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    return dg.materialize(
-        deliberation_assets,
-        resources=resources,
-        instance=instance,
-        partition_key=task_id,
-        run_config=deliberation_run_config(TASK_CONFIG),
-    )
+    return materialize_deliberation(instance, resources, task_id, TASK_CONFIG)
 
 
 def _assert_deliberation_completed(result: dg.ExecuteInProcessResult) -> None:
