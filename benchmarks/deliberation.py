@@ -1,9 +1,10 @@
-"""Deliberation speed on the local stack: parallel agents vs sequential turns, and orchestration overhead.
+"""Deliberation speed on the local stack: parallel agents vs sequential turns, and where a run's
+time goes (LLM, Ray dispatch, scoring, Dagster).
 
 Starts its own llama.cpp server (3 slots) and Ray head on free ports, runs everything in one
 process, and prints ratios measured in the same run (the machine is shared and noisy).
 
-    .venv/bin/python benchmarks/deliberation.py [--max-tokens 160] [--repeats 2]
+    .venv/bin/python benchmarks/deliberation.py [--max-tokens 160] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ import os
 import statistics
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import dagster as dg
 
 from fleet_pipelines import stack
-from fleet_pipelines.assets.deliberation import (
-    materialize_deliberation,
-)
+from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.dispatch.ray_dispatch import run_turn
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import proposal_requests
@@ -31,21 +31,29 @@ DESCRIPTION = "Write a Python function merge_intervals(intervals) that merges ov
 
 def run_pipeline(
     resources: dict, instance: dg.DagsterInstance, task_id: str, agents: int
-) -> tuple[float, float]:
-    """Returns (run wall seconds, LLM critical path seconds) of a 0-round deliberation."""
+) -> dict[str, float]:
+    """Seconds of a 0-round deliberation: the run, each step, and the proposals' LLM critical path."""
     config = {"description": DESCRIPTION, "role": "DEV", "num_agents": agents, "rounds": 0}
     start = time.perf_counter()
     result = materialize_deliberation(instance, resources, task_id, config)
     wall = time.perf_counter() - start
     assert result.success
-    critical_path = result.output_for_node("proposals")["latency_ms"].max() / 1000
-    return wall, critical_path
+    steps = {s.step_key: s.end_time - s.start_time for s in instance.get_run_step_stats(result.run_id)}
+    proposals = result.output_for_node("proposals")
+    return {
+        "wall": wall,
+        "steps": sum(steps.values()),
+        "proposals_step": steps["proposals"],
+        "llm_critical": proposals["latency_ms"].max() / 1000,
+        "scores_step": steps["scores"],
+        "tokens": float(proposals["tokens_out"].sum()),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-tokens", type=int, default=160)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
@@ -67,34 +75,48 @@ def main() -> None:
     settings = CouncilSettings(max_tokens=args.max_tokens)
     task = Task(task_id="bench", description=DESCRIPTION, role=Role.DEV, num_agents=3, rounds=0)
     requests = proposal_requests(task, build_council(Role.DEV, 3, settings), settings)
+    one: dict[str, list[float]] = defaultdict(list)
+    three: dict[str, list[float]] = defaultdict(list)
+    sequential: dict[str, list[float]] = defaultdict(list)
     try:
         with dg.instance_for_test(temp_dir=str(tmp)) as instance:
-            run_pipeline(resources, instance, "warmup", 1)  # Ray connection, worker start, model warm
-            rows: dict[str, list[float]] = {k: [] for k in ["one", "three", "seq", "crit3", "tok_seq"]}
+            run_pipeline(resources, instance, "warmup", 3)  # Ray connection, worker actors, model warm
             for i in range(args.repeats):
-                wall1, _ = run_pipeline(resources, instance, f"one-{i}", 1)
-                wall3, crit3 = run_pipeline(resources, instance, f"three-{i}", 3)
+                for key, value in run_pipeline(resources, instance, f"one-{i}", 1).items():
+                    one[key].append(value)
+                for key, value in run_pipeline(resources, instance, f"three-{i}", 3).items():
+                    three[key].append(value)
                 start = time.perf_counter()
-                sequential = [run_turn(engine, r) for r in requests]
-                seq = time.perf_counter() - start
-                rows["one"].append(wall1)
-                rows["three"].append(wall3)
-                rows["seq"].append(seq)
-                rows["crit3"].append(crit3)
-                rows["tok_seq"].append(sum(r.tokens_out for r in sequential) / seq)
-            med = {k: statistics.median(v) for k, v in rows.items() if v}
+                turns = [run_turn(engine, r) for r in requests]
+                sequential["wall"].append(time.perf_counter() - start)
+                sequential["tokens"].append(float(sum(t.tokens_out for t in turns)))
     finally:
         ray_head.stop()
         model.stop()
 
-    print(f"max_tokens={args.max_tokens} repeats={args.repeats} (medians, seconds)")
-    print(f"  1 agent through the pipeline            {med['one']:.2f}")
-    print(f"  3 agents in parallel through the pipeline {med['three']:.2f}")
-    print(f"  the same 3 turns one after another       {med['seq']:.2f}  ({med['tok_seq']:.0f} tok/s)")
-    print(f"  LLM critical path of the 3-agent run     {med['crit3']:.2f}")
-    print(f"  orchestration overhead (run - critical)  {med['three'] - med['crit3']:.2f}")
-    print(f"ratio sequential / parallel pipeline: {med['seq'] / med['three']:.2f}x")
-    print(f"ratio 3-agent / 1-agent pipeline:     {med['three'] / med['one']:.2f}x")
+    def med(series: dict[str, list[float]], key: str) -> float:
+        return statistics.median(series[key])
+
+    par_rate = med(three, "tokens") / med(three, "llm_critical")
+    seq_rate = med(sequential, "tokens") / med(sequential, "wall")
+    print(f"\nmax_tokens={args.max_tokens}, repeats={args.repeats}; medians in seconds")
+    print(f"  1 agent, whole run                         {med(one, 'wall'):6.2f}")
+    print(f"  3 agents in parallel, whole run            {med(three, 'wall'):6.2f}")
+    print(f"    proposals step                           {med(three, 'proposals_step'):6.2f}")
+    print(f"      LLM critical path (slowest turn)       {med(three, 'llm_critical'):6.2f}")
+    dispatch = med(three, "proposals_step") - med(three, "llm_critical")
+    print(f"      Ray dispatch (step - critical path)    {dispatch:6.2f}")
+    print(f"    scores step (judge turns, sandbox, ruff) {med(three, 'scores_step'):6.2f}")
+    print(f"    Dagster (run - sum of steps)             {med(three, 'wall') - med(three, 'steps'):6.2f}")
+    print(f"  the same 3 turns one after another, no Ray {med(sequential, 'wall'):6.2f}")
+    print(
+        f"throughput: 3 parallel turns {par_rate:.0f} tok/s vs sequential {seq_rate:.0f} tok/s "
+        f"(ratio {par_rate / seq_rate:.2f}x)"
+    )
+    print(
+        f"ratio proposals step (3 parallel) / sequential turns: "
+        f"{med(three, 'proposals_step') / med(sequential, 'wall'):.2f}x"
+    )
 
 
 if __name__ == "__main__":
