@@ -58,8 +58,12 @@ install-vllm:
 test-vllm: install-vllm model
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm -rs tests/integration $(PYTEST_ARGS)
 
+# Speed figures, printed as ratios measured in the same run. Longer ones, run by hand:
+# benchmarks/evaluation.py (a real council evaluation) and benchmarks/vllm_engines.py (.venv-vllm).
 bench: model
 	$(PY) benchmarks/deliberation.py
+	$(PY) benchmarks/nats_events.py
+	$(PY) benchmarks/event_to_run.py
 
 clean:
 	rm -rf .fleet $(VENV) $(VLLM_VENV)
