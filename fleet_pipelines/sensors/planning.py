@@ -69,7 +69,12 @@ def run_requests(planned: list[PlannedDeliberation]) -> list[dg.RunRequest]:
     ]
 
 
-def build_planning_sensor(job: dg.UnresolvedAssetJobDefinition) -> dg.SensorDefinition:
+def build_planning_sensor(
+    job: dg.UnresolvedAssetJobDefinition, start_at_end: bool = False
+) -> dg.SensorDefinition:
+    """`start_at_end`: with no cursor yet, skip the plans already in the stream (a stream shared
+    with the system we replace holds up to 30 days of plans it already deliberated on)."""
+
     @dg.sensor(
         name=PLANNING_SENSOR,
         job=job,
@@ -78,6 +83,16 @@ def build_planning_sensor(job: dg.UnresolvedAssetJobDefinition) -> dg.SensorDefi
         description=f"Starts a deliberation per task of each {PLAN_APPROVED} event (cursor = stream seq).",
     )
     def planning_sensor(context: dg.SensorEvaluationContext, nats: NatsResource):
+        if context.cursor is None and start_at_end:
+            try:
+                last = nats.session(lambda s: s.last_seq(PLANNING_STREAM))
+            except NatsError as exc:
+                return dg.SkipReason(f"{exc}; no cursor yet")
+            return dg.SensorResult(
+                cursor=str(last),
+                skip_reason=f"first tick: starting after {PLANNING_STREAM} seq {last} "
+                "(FLEET_PLANNING_START=end); plans before it are not run",
+            )
         after = int(context.cursor or 0)
         try:
             drained = nats.session(lambda s: drain(s, after, MAX_EVENTS_PER_TICK, MAX_TICK_SECONDS))
