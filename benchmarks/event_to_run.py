@@ -11,11 +11,7 @@ the sensor, -> run started, -> run finished; and the sensor's minimum interval f
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,45 +29,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=5)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="fleet-e2r-"))
-    ui, model, ray, nats = (stack.free_port() for _ in range(4))
-    env = {
-        **os.environ,
-        "FLEET_STATE_DIR": str(tmp / "state"),
-        "DAGSTER_HOME": str(tmp / "home"),
-        "FLEET_MAX_TOKENS": "32",
-    }
-    for name in ("FLEET_LLM_BASE_URL", "RAY_ADDRESS", "NATS_URL"):
-        env.pop(name, None)
-    dev = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fleet_pipelines.cli",
-            "dev",
-            "--port",
-            str(ui),
-            "--model-port",
-            str(model),
-            "--ray-port",
-            str(ray),
-            "--nats-port",
-            str(nats),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
     created, started, finished = [], [], []
-    try:
-        while "dagster UI:" not in (line := dev.stdout.readline()):
-            if dev.poll() is not None or not line:
-                raise SystemExit(f"fleet dev did not start: {line}")
+    with stack.fleet_dev(Path(tempfile.mkdtemp(prefix="fleet-e2r-")), max_tokens=32) as dev:
         time.sleep(10)  # the daemon's first sensor tick
-        instance = dg.DagsterInstance.from_config(str(tmp / "home"))
-        publisher = NatsResource(url=f"nats://127.0.0.1:{nats}")
+        instance = dg.DagsterInstance.from_config(str(dev.dagster_home))
+        publisher = NatsResource(url=dev.env["NATS_URL"])
         for i in range(args.events):
             task_id = f"e2r-{i}"
             envelope = single_task_plan(
@@ -93,9 +55,6 @@ def main() -> None:
                     finished.append(record.end_time - sent)
                     break
                 time.sleep(0.2)
-    finally:
-        os.killpg(dev.pid, signal.SIGINT)
-        dev.wait(90)
     print(
         f"\n{args.events} events, one at a time (sensor minimum interval {MIN_INTERVAL_SECONDS} s); medians:"
     )

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,3 +160,46 @@ def start_nats(
         timeout_s,
     )
     return service
+
+
+@dataclass
+class DevStack:
+    """A running `fleet dev` (what `make dev` runs) on free ports."""
+
+    process: subprocess.Popen
+    env: dict[str, str]  # the environment it was started with (NATS_URL added)
+    dagster_home: Path
+    ports: dict[str, int]  # ui, model, ray, nats
+
+
+@contextmanager
+def fleet_dev(root: Path, max_tokens: int, timeout_s: float = 240) -> Iterator[DevStack]:
+    """Starts `fleet dev` with its state under `root`, yields once the UI answers, then stops it
+    with Ctrl-C (SIGINT) as a person would. For tests and benchmarks of the whole local stack."""
+    ports = {name: free_port() for name in ("ui", "model", "ray", "nats")}
+    env = {
+        **os.environ,
+        "FLEET_STATE_DIR": str(root / "state"),
+        "DAGSTER_HOME": str(root / "home"),
+        "FLEET_MAX_TOKENS": str(max_tokens),
+    }
+    for name in ("FLEET_LLM_BASE_URL", "VLLM_URL", "RAY_ADDRESS", "NATS_URL"):
+        env.pop(name, None)
+    argv = [sys.executable, "-m", "fleet_pipelines.cli", "dev", "--port", str(ports["ui"])]
+    argv += ["--model-port", str(ports["model"]), "--ray-port", str(ports["ray"])]
+    argv += ["--nats-port", str(ports["nats"])]
+    process = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + timeout_s
+        output: list[str] = []
+        while "dagster UI:" not in (output[-1] if output else ""):
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError("fleet dev did not start:\n" + "".join(output))
+            output.append(process.stdout.readline())
+        env["NATS_URL"] = f"nats://127.0.0.1:{ports['nats']}"
+        yield DevStack(process=process, env=env, dagster_home=root / "home", ports=ports)
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(90)
