@@ -2,6 +2,7 @@
 
 fleet dev                     start the local stack (model server, Ray head, Dagster UI+daemon)
 fleet model fetch|serve       the local llama.cpp engine
+fleet model pull              copy the served model folder from object storage (cluster pods)
 fleet run "TASK" --role DEV   run one deliberation on the local stack and print the decision
 fleet nats init               ensure the JetStream streams (idempotent)
 fleet deliberate "TASK" ...   publish an approved plan with one task; prints the task id
@@ -41,6 +42,21 @@ def cmd_model_fetch(args: argparse.Namespace) -> int:
     from .llm.local_server import fetch_model
 
     print(fetch_model())
+    return 0
+
+
+def cmd_model_pull(args: argparse.Namespace) -> int:
+    from . import settings
+    from .llm.model_pull import pull_model
+
+    source = args.source or settings.env("FLEET_MODEL_SOURCE", default="")
+    dest = args.dest or settings.env("FLEET_VLLM_MODEL", default="")
+    if not source or not dest:
+        print("fleet model pull: set FLEET_MODEL_SOURCE and FLEET_VLLM_MODEL (or pass SOURCE DEST)")
+        return EXIT_USAGE
+    pulled = pull_model(source, Path(dest))
+    verb = "copied" if pulled.copied else "already there:"
+    print(f"{verb} {pulled.files} files, {pulled.bytes / 2**30:.2f} GiB -> {pulled.path}", flush=True)
     return 0
 
 
@@ -387,9 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.set_defaults(func=cmd_dev)
 
-    model = sub.add_parser("model", help="the local llama.cpp engine").add_subparsers(
-        dest="action", required=True
-    )
+    model = sub.add_parser(
+        "model", help="models: the local llama.cpp engine, the served model folder"
+    ).add_subparsers(dest="action", required=True)
     fetch = model.add_parser("fetch", help="download the bundled SmolLM2 GGUF into .fleet/models")
     fetch.set_defaults(func=cmd_model_fetch)
     serve = model.add_parser("serve", help="serve the model over the OpenAI API")
@@ -400,6 +416,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ctx-per-slot", type=int, default=4096)
     serve.add_argument("--model-path", help="a GGUF file (default: the bundled SmolLM2-135M-Instruct)")
     serve.set_defaults(func=cmd_model_serve)
+    pull = model.add_parser(
+        "pull", help="copy a model folder (HF layout) from object storage to local disk, whole or not at all"
+    )
+    pull.add_argument(
+        "source", nargs="?", help="fsspec URL, e.g. s3://bucket/models/served (FLEET_MODEL_SOURCE)"
+    )
+    pull.add_argument("dest", nargs="?", help="local folder vLLM loads (FLEET_VLLM_MODEL)")
+    pull.set_defaults(func=cmd_model_pull)
 
     run = sub.add_parser("run", help="run one deliberation on the local stack and print the decision")
     add_task_arguments(run)

@@ -77,3 +77,34 @@ def test_the_code_server_command_loads_our_code_location():
     assert len(cmds) == 2
     for cmd in cmds:
         assert f'"--module-name", "{module}"' in cmd
+
+
+def stages() -> dict[str, str]:
+    """Stage name -> its text."""
+    parts = re.split(r"^FROM \S+ AS (\S+)$", DOCKERFILE, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def apt_packages(stage: str) -> set[str]:
+    joined = re.sub(r"\\\n\s*", " ", stages()[stage])
+    found = set()
+    for match in re.finditer(r"apt-get install (?:-\S+ )*([^&]+)", joined):
+        found |= {w for w in match.group(1).split() if not w.startswith("-")}
+    return found
+
+
+def test_the_gpu_image_can_compile_tritons_modules():
+    """Triton compiles small C modules when vLLM starts: a C compiler and libc headers (the
+    Python headers come with the python base image)."""
+    assert {"gcc", "libc6-dev"} <= apt_packages("gpu")
+    assert "gcc" not in apt_packages("cpu") | apt_packages("base")
+
+
+def test_both_images_run_as_an_unprivileged_user_with_the_venv_on_every_path():
+    for stage in ("cpu", "gpu"):
+        assert re.search(r"^USER 10001:10001$", stages()[stage], flags=re.MULTILINE), stage
+    base = stages()["base"]
+    assert "useradd --uid 10001" in base
+    assert 'chown 10001:10001 "$DAGSTER_HOME"' in base
+    # A login shell resets PATH from /etc/profile; profile.d puts the venv back.
+    assert "export PATH=/opt/venv/bin:$PATH' > /etc/profile.d/" in base

@@ -1,14 +1,16 @@
-"""deploy/k8s validates offline: core objects against the Kubernetes schemas shipped by
-kubernetes-validate (strict: unknown fields fail), the KubeRay RayCluster against the schema in
-tests/unit/schemas plus each of its pod templates against Kubernetes' PodTemplateSpec; and the
-objects agree with each other and with the code (names referenced exist, env names are read)."""
+"""The plain manifests validate offline: core objects against the Kubernetes schemas shipped by
+kubernetes-validate (strict: unknown fields fail) at every Kubernetes version deploy/ supports,
+the KubeRay RayCluster against tests/unit/schemas (written from the operator v1.7.0 CRD) plus each
+of its pod templates against Kubernetes' PodTemplateSpec; and the objects agree with each other
+and with the code (names referenced exist, env names are read, no Secret is applied)."""
 
 from __future__ import annotations
 
 import copy
 import re
+import shutil
+import subprocess
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -16,31 +18,34 @@ import kubernetes_validate
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "deploy" / "k8s"
-SCHEMAS = Path(__file__).parent / "schemas"
-KUBERNETES_VERSION = "1.33"  # oldest Kubernetes the manifests target
+from .deploy_objects import (
+    DAGSTER_DIR,
+    K8S,
+    KUBERAY_OPERATOR,
+    ROOT,
+    containers,
+    documented_secrets,
+    load_docs,
+    of_kind,
+    raycluster,
+    workload_pods,
+)
+
+SCHEMAS = ROOT / "tests" / "unit" / "schemas"
+KUBERNETES_VERSIONS = ["1.33", "1.34", "1.35", "1.36", "1.37"]  # hostUsers and procMount need 1.33
 IMAGE_REPOSITORY = "registry.example.com/fleet-pipelines"
+ROUTES = {"k8s": K8S, "dagster": DAGSTER_DIR}
 
 
-def manifests() -> list[dict[str, Any]]:
-    docs = []
-    for path in sorted(K8S.glob("*.yaml")):
-        if path.name != "kustomization.yaml":
-            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs
+def k8s_errors(doc: dict[str, Any], version: str) -> list[str]:
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return [f"{doc['kind']}/{doc['metadata']['name']} {list(exc.absolute_path)}: {exc.message}"]
+    return []
 
 
-def by_kind(kind: str) -> list[dict[str, Any]]:
-    return [d for d in manifests() if d["kind"] == kind]
-
-
-def raycluster() -> dict[str, Any]:
-    (cluster,) = by_kind("RayCluster")
-    return cluster
-
-
-def raycluster_errors(cluster: dict[str, Any]) -> list[str]:
+def raycluster_errors(cluster: dict[str, Any], version: str = KUBERNETES_VERSIONS[0]) -> list[str]:
     """Every schema error of a RayCluster: its own fields, then each pod template's."""
     schema = yaml.safe_load((SCHEMAS / "raycluster.schema.yaml").read_text())
     validator = jsonschema.Draft202012Validator(schema)
@@ -50,52 +55,39 @@ def raycluster_errors(cluster: dict[str, Any]) -> list[str]:
         (g.get("groupName", "?"), g) for g in spec.get("workerGroupSpecs", [])
     ]
     for name, group in groups:
-        errors += k8s_errors(
-            {
-                "apiVersion": "v1",
-                "kind": "PodTemplate",
-                "metadata": {"name": name},
-                "template": group["template"],
-            }
-        )
+        template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": name},
+            "template": group["template"],
+        }
+        errors += k8s_errors(template, version)
     return errors
 
 
-def k8s_errors(doc: dict[str, Any]) -> list[str]:
-    try:
-        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        return [f"{doc['kind']}/{doc['metadata']['name']} {list(exc.absolute_path)}: {exc.message}"]
-    return []
-
-
-def pod_templates() -> list[tuple[str, dict[str, Any]]]:
-    """(owner, pod template) of every workload in deploy/k8s."""
-    cluster = raycluster()
-    templates = [("raycluster/head", cluster["spec"]["headGroupSpec"]["template"])]
-    templates += [
-        (f"raycluster/{g['groupName']}", g["template"]) for g in cluster["spec"]["workerGroupSpecs"]
+def core_objects() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (route, d) for route, path in ROUTES.items() for d in load_docs(path) if d["kind"] != "RayCluster"
     ]
-    templates += [
-        (f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]) for d in by_kind("Deployment")
-    ]
-    templates += [(f"Job/{d['metadata']['name']}", d["spec"]["template"]) for d in by_kind("Job")]
-    return templates
 
 
-def containers() -> list[tuple[str, dict[str, Any]]]:
-    return [(owner, c) for owner, t in pod_templates() for c in t["spec"]["containers"]]
-
-
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize(
-    "doc", [d for d in manifests() if d["kind"] != "RayCluster"], ids=lambda d: d["kind"]
+    ("route", "doc"),
+    core_objects(),
+    ids=[f"{r}-{d['kind']}-{d['metadata']['name']}" for r, d in core_objects()],
 )
-def test_core_objects_validate_against_the_kubernetes_schema(doc):
-    assert k8s_errors(doc) == []
+def test_core_objects_validate_against_the_kubernetes_schema(route: str, doc: dict[str, Any], version: str):
+    assert k8s_errors(doc, version) == []
 
 
-def test_raycluster_validates_against_kuberay_and_pod_schemas():
-    assert raycluster_errors(raycluster()) == []
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_raycluster_validates_against_kuberay_and_pod_schemas(version: str):
+    assert raycluster_errors(raycluster(), version) == []
+
+
+def test_the_raycluster_schema_names_the_operator_version():
+    assert f"v{KUBERAY_OPERATOR}" in (SCHEMAS / "raycluster.schema.yaml").read_text().splitlines()[0]
 
 
 def test_validation_catches_typos():
@@ -110,78 +102,135 @@ def test_validation_catches_typos():
     typo = copy.deepcopy(cluster)
     typo["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = 0  # must be a string
     assert raycluster_errors(typo)
+    typo = copy.deepcopy(cluster)
+    typo["spec"]["autoscalerOptions"]["securityContex"] = typo["spec"]["autoscalerOptions"].pop(
+        "securityContext"
+    )
+    assert any("securityContex" in e for e in raycluster_errors(typo))
 
 
-def test_kustomization_applies_every_manifest():
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(kustomization["resources"]) == files
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_kustomization_applies_every_manifest_and_no_secret(route: str):
+    directory = ROUTES[route]
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    used = set(kustomization["resources"]) | {
+        f for g in kustomization.get("configMapGenerator", []) for f in g["files"]
+    }
+    assert used == {p.name for p in directory.iterdir() if p.name != "kustomization.yaml"}
+    assert not of_kind(load_docs(directory), "Secret")
 
 
-def test_ray_version_matches_the_pinned_ray():
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_kubectl_kustomize_builds_no_secret_and_no_placeholder(route: str):
+    """What `kubectl apply -k` would send: never a Secret, so an apply cannot reset credentials."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (its built-in kustomize renders the kustomization)")
+    built = subprocess.run(
+        [kubectl, "kustomize", str(ROUTES[route])], capture_output=True, text=True, check=True
+    )
+    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    assert docs and all(d["kind"] != "Secret" for d in docs)
+    assert "REPLACE_ME" not in built.stdout
+    assert sorted(d["kind"] for d in docs) == sorted(d["kind"] for d in load_docs(ROUTES[route]))
+
+
+def test_ray_version_matches_the_pinned_ray_and_gets_http_probes():
     pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     (ray_pin,) = [p for p in pins if p.startswith("ray[")]
     minor = re.search(r"==(\d+\.\d+)", ray_pin).group(1)
-    assert raycluster()["spec"]["rayVersion"].startswith(minor + ".")
+    version = raycluster()["spec"]["rayVersion"]
+    assert version.startswith(minor + ".")
+    # KubeRay >= 1.6 probes Ray >= 2.53 over HTTP; older Ray gets wget exec probes (not in the image).
+    assert tuple(int(x) for x in version.split(".")[:2]) >= (2, 53)
     ports = {
         p["containerPort"]
         for p in raycluster()["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]
     }
     assert 10001 in ports  # Ray Client: RAY_ADDRESS=ray://...:10001 in fleet-config
-    (config,) = by_kind("ConfigMap")
+    (config,) = of_kind(load_docs(K8S), "ConfigMap")
     assert config["data"]["RAY_ADDRESS"].endswith(":10001")
 
 
 def test_one_image_everywhere_gpu_variant_only_where_gpus_are_requested():
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    for owner, container in containers():
-        repository, tag = container["image"].rsplit(":", 1)
-        assert repository == IMAGE_REPOSITORY, owner
-        wants_gpu = "nvidia.com/gpu" in container["resources"].get("limits", {})
-        assert tag == (f"{version}-gpu" if wants_gpu else version), owner
-    gpu_owners = {o for o, c in containers() if "nvidia.com/gpu" in c["resources"].get("limits", {})}
-    assert gpu_owners == {"raycluster/gpu", "Deployment/fleet-vllm"}
+    gpu_owners = set()
+    for route in ROUTES.values():
+        for owner, pod in workload_pods(load_docs(route)):
+            for container in containers(pod):
+                if "image" not in container:
+                    continue  # added by the KubeRay operator from the Ray container
+                repository, tag = container["image"].rsplit(":", 1)
+                assert repository == IMAGE_REPOSITORY, owner
+                wants_gpu = "nvidia.com/gpu" in container.get("resources", {}).get("limits", {})
+                assert tag == (f"{version}-gpu" if wants_gpu else version), owner
+                if wants_gpu:
+                    gpu_owners.add(owner)
+    assert gpu_owners == {"RayCluster/gpu", "Deployment/fleet-vllm"}
 
 
 def test_every_referenced_configmap_secret_and_key_exists():
-    data = {("ConfigMap", d["metadata"]["name"]): set(d["data"]) for d in by_kind("ConfigMap")}
-    data |= {("Secret", d["metadata"]["name"]): set(d["stringData"]) for d in by_kind("Secret")}
-    claims = {d["metadata"]["name"] for d in by_kind("PersistentVolumeClaim")}
-    for owner, container in containers():
-        for source in container.get("envFrom", []):
-            kind, ref = (
-                ("ConfigMap", source["configMapRef"])
-                if "configMapRef" in source
-                else ("Secret", source["secretRef"])
-            )
-            assert (kind, ref["name"]) in data, owner
-        for env in container.get("env", []):
-            for key, kind in (("configMapKeyRef", "ConfigMap"), ("secretKeyRef", "Secret")):
-                if ref := env.get("valueFrom", {}).get(key):
-                    assert ref["key"] in data[(kind, ref["name"])], (owner, env["name"])
-    for owner, template in pod_templates():
-        for volume in template["spec"].get("volumes", []):
-            if "persistentVolumeClaim" in volume:
-                assert volume["persistentVolumeClaim"]["claimName"] in claims, owner
+    """ConfigMaps come from the manifests, Secrets from deploy/README.md (created out of band)."""
+    docs = load_docs(K8S) + load_docs(DAGSTER_DIR)
+    data = {("ConfigMap", d["metadata"]["name"]): set(d["data"]) for d in of_kind(docs, "ConfigMap")}
+    data |= {("Secret", name): keys for name, keys in documented_secrets().items()}
+    for route in ROUTES.values():
+        for owner, pod in workload_pods(load_docs(route)):
+            volumes = {v["name"]: v for v in pod.get("volumes", [])}
+            for container in containers(pod):
+                for source in container.get("envFrom", []):
+                    kind, ref = (
+                        ("ConfigMap", source["configMapRef"])
+                        if "configMapRef" in source
+                        else ("Secret", source["secretRef"])
+                    )
+                    assert (kind, ref["name"]) in data, (owner, ref["name"])
+                for env in container.get("env", []):
+                    for key, kind in (("configMapKeyRef", "ConfigMap"), ("secretKeyRef", "Secret")):
+                        if ref := env.get("valueFrom", {}).get(key):
+                            assert ref["key"] in data[(kind, ref["name"])], (owner, env["name"])
+                for mount in container.get("volumeMounts", []):
+                    assert mount["name"] in volumes, (owner, mount["name"])
+            for volume in volumes.values():
+                if "configMap" in volume:
+                    assert ("ConfigMap", volume["configMap"]["name"]) in data, owner
+                assert "persistentVolumeClaim" not in volume, owner  # nothing waits on a provisioner
 
 
-def test_config_names_are_read_by_the_code_and_secrets_hold_no_values():
+def test_config_names_are_read_by_the_code():
     source = "\n".join(p.read_text() for p in (ROOT / "fleet_pipelines").rglob("*.py"))
-    (config,) = by_kind("ConfigMap")
+    (config,) = [d for d in of_kind(load_docs(K8S), "ConfigMap") if d["metadata"]["name"] == "fleet-config"]
     for name in config["data"]:
         assert f'"{name}"' in source, f"{name} is set in fleet-config but no code reads it"
     assert config["data"]["FLEET_ENGINE_BACKEND"] in {"openai", "vllm_actor"}
-    for secret in by_kind("Secret"):
-        if secret["metadata"]["name"].startswith("fleet-"):  # the others are read by Dagster's chart
-            for key in secret["stringData"]:
-                assert f'"{key}"' in source, f"{key} is in a Secret but no code reads it"
-        for key, value in secret["stringData"].items():
-            if re.search("PASSWORD|KEY|password", key):
-                assert value == "REPLACE_ME", f"{secret['metadata']['name']}/{key} must not be committed"
+
+
+def test_the_model_reaches_vllm_through_each_pods_own_scratch_volume():
+    """Every pod that runs vLLM pulls the model folder from FLEET_MODEL_SOURCE in an init container
+    onto an emptyDir (no storage class, no shared volume, nothing Pending) and loads it from
+    FLEET_VLLM_MODEL; the node is chosen for its free disk (ephemeral-storage request)."""
+    (config,) = of_kind(load_docs(K8S), "ConfigMap")
+    model_dir = config["data"]["FLEET_VLLM_MODEL"]
+    assert config["data"]["FLEET_MODEL_SOURCE"].startswith("s3://")
+    pods = dict(workload_pods(load_docs(K8S)))
+    for owner in ("Deployment/fleet-vllm", "RayCluster/gpu"):
+        pod = pods[owner]
+        (pull,) = [c for c in pod["initContainers"] if c["name"] == "model-pull"]
+        assert pull["command"] == ["fleet", "model", "pull"]
+        assert {s.get("secretRef", {}).get("name") for s in pull["envFrom"]} >= {"fleet-s3"}
+        (mount,) = pull["volumeMounts"]
+        assert model_dir.startswith(mount["mountPath"] + "/") and not mount.get("readOnly")
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        assert "emptyDir" in volume and "medium" not in volume["emptyDir"]
+        engine = pod["containers"][0]
+        assert any(m["name"] == mount["name"] and m.get("readOnly") for m in engine["volumeMounts"])
+        assert "ephemeral-storage" in engine["resources"]["requests"]
+    args = pods["Deployment/fleet-vllm"]["containers"][0]["args"]
+    assert "--model=$(FLEET_VLLM_MODEL)" in args
 
 
 def test_nats_init_job_runs_fleet_nats_init_from_the_one_image():
-    (job,) = by_kind("Job")
+    (job,) = of_kind(load_docs(K8S), "Job")
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["fleet", "nats", "init"]
     refs = {s.get("secretRef", {}).get("name") for s in container["envFrom"]}

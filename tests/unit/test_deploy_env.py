@@ -1,0 +1,146 @@
+"""Every environment variable a component reads in production is set on each route it runs on:
+the Helm route (the user-code deployment and the run pods the chart's K8sRunLauncher starts),
+the plain manifests (deploy/k8s: Ray workers, the model init containers, the NATS init Job;
+deploy/dagster: Dagster without the chart, including what its instance file reads). Values come
+from the ConfigMaps in the manifests and the Secrets deploy/README.md tells operators to create."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from .deploy_objects import (
+    DAGSTER_DIR,
+    INSTANCE,
+    K8S,
+    ROOT,
+    VALUES,
+    containers,
+    documented_secrets,
+    load_docs,
+    of_kind,
+    workload_pods,
+)
+
+SOURCE = "\n".join(p.read_text() for p in (ROOT / "fleet_pipelines").rglob("*.py"))
+# Read by botocore (through s3fs) for s3:// storage and the model source, not by our code.
+S3 = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}
+# What each component reads without a usable default in a cluster.
+DAGSTER_CODE = {
+    "FLEET_ENGINE_BACKEND",
+    "FLEET_LLM_BASE_URL",
+    "FLEET_LLM_MODEL",
+    "FLEET_LLM_API_KEY",
+    "FLEET_STORAGE_PATH",
+    "RAY_ADDRESS",
+    "NATS_URL",
+    "NATS_USER",
+    "NATS_PASSWORD",
+    "FLEET_PLANNING_START",
+    "FLEET_EVAL_SCHEDULE",
+    "DAGSTER_HOME",
+    *S3,
+}
+RAY_WORKER = {"FLEET_LLM_BASE_URL", "FLEET_LLM_MODEL", "FLEET_LLM_API_KEY"}
+RAY_GPU_WORKER = RAY_WORKER | {"FLEET_VLLM_MODEL", "FLEET_VLLM_NUM_GPUS"}
+MODEL_PULL = {"FLEET_MODEL_SOURCE", "FLEET_VLLM_MODEL", *S3}
+NATS_INIT = {"NATS_URL", "NATS_USER", "NATS_PASSWORD"}
+IMAGE_ENV = set(
+    re.findall(r"^\s+([A-Z_]+)=", (ROOT / "deploy" / "Dockerfile").read_text(), flags=re.MULTILINE)
+)
+
+
+def instance_env_refs(value: Any) -> set[str]:
+    """Names the instance file reads through `env:` entries."""
+    if isinstance(value, dict):
+        return (
+            {value["env"]} if set(value) == {"env"} else set().union(*map(instance_env_refs, value.values()))
+        )
+    if isinstance(value, list):
+        return set().union(*map(instance_env_refs, value)) if value else set()
+    return set()
+
+
+def configmaps() -> dict[str, set[str]]:
+    docs = load_docs(K8S) + load_docs(DAGSTER_DIR)
+    return {d["metadata"]["name"]: set(d["data"]) for d in of_kind(docs, "ConfigMap")}
+
+
+def from_sources(config_maps: list[str], secrets: list[str]) -> set[str]:
+    cms, sec = configmaps(), documented_secrets()
+    return IMAGE_ENV | set().union(*(cms[n] for n in config_maps)) | set().union(*(sec[n] for n in secrets))
+
+
+def container_env(container: dict[str, Any]) -> set[str]:
+    names = {e["name"] for e in container.get("env", [])}
+    cms = [s["configMapRef"]["name"] for s in container.get("envFrom", []) if "configMapRef" in s]
+    secrets = [s["secretRef"]["name"] for s in container.get("envFrom", []) if "secretRef" in s]
+    return names | from_sources(cms, secrets)
+
+
+def plain_containers() -> dict[str, dict[str, Any]]:
+    found = {}
+    for directory in (K8S, DAGSTER_DIR):
+        for owner, pod in workload_pods(load_docs(directory)):
+            for container in containers(pod):
+                found[f"{owner}/{container['name']}"] = container
+    return found
+
+
+def routes() -> list[tuple[str, set[str], set[str]]]:
+    """(where, names set there, names needed there)."""
+    user = VALUES["dagster-user-deployments"]["deployments"][0]
+    launcher = VALUES["runLauncher"]["config"]["k8sRunLauncher"]
+    user_env = from_sources(
+        [r["name"] for r in user["envConfigMaps"]], [r["name"] for r in user["envSecrets"]]
+    )
+    chart_run_env = user_env | from_sources(
+        [r["name"] for r in launcher["envConfigMaps"]], [r["name"] for r in launcher["envSecrets"]]
+    )
+    run = INSTANCE["run_launcher"]["config"]
+    plain_run_env = from_sources(run["env_config_maps"], run["env_secrets"]) | {"DAGSTER_PG_PASSWORD"}
+    instance_reads = instance_env_refs(INSTANCE)
+    plain = plain_containers()
+    return [
+        ("helm: user-code deployment", user_env, DAGSTER_CODE),
+        ("helm: run pod", chart_run_env, DAGSTER_CODE),
+        (
+            "plain: user-code deployment",
+            container_env(plain["Deployment/fleet-pipelines/fleet-pipelines"]),
+            DAGSTER_CODE,
+        ),
+        (
+            "plain: run pod (postgres_password_secret sets DAGSTER_PG_PASSWORD)",
+            plain_run_env,
+            DAGSTER_CODE | instance_reads,
+        ),
+        (
+            "plain: webserver",
+            container_env(plain["Deployment/dagster-webserver/dagster-webserver"]),
+            instance_reads,
+        ),
+        ("plain: daemon", container_env(plain["Deployment/dagster-daemon/dagster-daemon"]), instance_reads),
+        ("plain: ray cpu worker", container_env(plain["RayCluster/cpu/ray-worker"]), RAY_WORKER),
+        ("plain: ray gpu worker", container_env(plain["RayCluster/gpu/ray-worker"]), RAY_GPU_WORKER),
+        ("plain: vllm model-pull", container_env(plain["Deployment/fleet-vllm/model-pull"]), MODEL_PULL),
+        ("plain: ray gpu model-pull", container_env(plain["RayCluster/gpu/model-pull"]), MODEL_PULL),
+        ("plain: nats init job", container_env(plain["Job/fleet-nats-init/nats-init"]), NATS_INIT),
+    ]
+
+
+def test_the_names_needed_are_the_names_the_code_reads():
+    for name in DAGSTER_CODE | RAY_GPU_WORKER | MODEL_PULL | NATS_INIT:
+        assert name in S3 or f'"{name}"' in SOURCE, f"{name}: no code reads it"
+    assert instance_env_refs(INSTANCE) == {
+        "DAGSTER_PG_HOST",
+        "DAGSTER_PG_USER",
+        "DAGSTER_PG_PASSWORD",
+        "DAGSTER_PG_DB",
+    }
+
+
+@pytest.mark.parametrize(("where", "present", "needed"), routes(), ids=[r[0] for r in routes()])
+def test_every_name_a_component_reads_is_set_on_its_route(where: str, present: set[str], needed: set[str]):
+    assert needed - present == set()
