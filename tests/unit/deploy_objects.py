@@ -125,7 +125,7 @@ def chart_pods(values: dict[str, Any]) -> list[tuple[str, Pod]]:
     """The pods the chart creates and the run pods the K8sRunLauncher starts, as far as security
     and ports go: the webserver and daemon Deployments (with the check-db-ready and
     init-user-deployment-* init containers, which take the component's securityContext), the
-    user-code Deployments, and a run pod (runK8sConfig.podSpecConfig / containerConfig)."""
+    user-code Deployments, and the run pod dagster-k8s builds from runK8sConfig."""
     pods = []
     user = values["dagster-user-deployments"]
     for owner, component in (("webserver", values["dagsterWebserver"]), ("daemon", values["dagsterDaemon"])):
@@ -167,29 +167,55 @@ def chart_pods(values: dict[str, Any]) -> list[tuple[str, Pod]]:
                 },
             )
         )
-    run = values["runLauncher"]["config"]["k8sRunLauncher"].get("runK8sConfig", {})
-    pods.append(
-        (
-            "chart/run",
-            {
-                **run.get("podSpecConfig", {}),
-                "containers": [{"name": "dagster", **run.get("containerConfig", {})}],
-            },
-        )
-    )
+    pods.append(("chart/run", chart_run_job(values)["spec"]["template"]["spec"]))
     return pods
 
 
-def instance_run_pod(instance: dict[str, Any]) -> tuple[str, Pod]:
-    """The run pod deploy/dagster/dagster.yaml's K8sRunLauncher starts."""
-    run = instance["run_launcher"]["config"]["run_k8s_config"]
-    return (
-        "dagster.yaml/run",
-        {
-            **run.get("pod_spec_config", {}),
-            "containers": [{"name": "dagster", **run.get("container_config", {})}],
-        },
+def snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+def launched_run_job(
+    run_k8s_config: dict[str, Any], env_config_maps: list[str], env_secrets: list[str]
+) -> dict[str, Any]:
+    """The Job dagster-k8s's K8sRunLauncher submits for a run, built by dagster-k8s itself
+    (construct_dagster_k8s_job) from a run launcher's settings, as Kubernetes JSON."""
+    import kubernetes
+    from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
+
+    job_config = DagsterK8sJobConfig(
+        job_image="registry.example.com/fleet-pipelines:0.1.0",
+        dagster_home=INSTANCE["run_launcher"]["config"]["dagster_home"],
+        instance_config_map="dagster-instance",
+        postgres_password_secret="dagster-postgresql-secret",
+        env_config_maps=env_config_maps,
+        env_secrets=env_secrets,
     )
+    job = construct_dagster_k8s_job(
+        job_config,
+        ["dagster", "api", "execute_run", "{}"],
+        "dagster-run-0",
+        UserDefinedDagsterK8sConfig.from_dict(run_k8s_config),
+    )
+    return kubernetes.client.ApiClient().sanitize_for_serialization(job)
+
+
+def instance_run_job() -> dict[str, Any]:
+    """The run Job of deploy/dagster/dagster.yaml's K8sRunLauncher."""
+    config = INSTANCE["run_launcher"]["config"]
+    return launched_run_job(config["run_k8s_config"], config["env_config_maps"], config["env_secrets"])
+
+
+def chart_run_job(values: dict[str, Any]) -> dict[str, Any]:
+    """The run Job of the chart's K8sRunLauncher (runK8sConfig keys snake_cased by the chart's
+    _run-launcher.tpl), with the user deployment's config maps and secrets merged in
+    (includeConfigInLaunchedRuns)."""
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    (user,) = values["dagster-user-deployments"]["deployments"]
+    config_maps = [r["name"] for r in [*launcher["envConfigMaps"], *user["envConfigMaps"]]]
+    secrets = [r["name"] for r in [*launcher["envSecrets"], *user["envSecrets"]]]
+    run_k8s_config = {snake(k): v for k, v in launcher["runK8sConfig"].items()}
+    return launched_run_job(run_k8s_config, list(dict.fromkeys(config_maps)), list(dict.fromkeys(secrets)))
 
 
 def nats_pods(values: dict[str, Any]) -> list[tuple[str, Pod]]:

@@ -33,19 +33,18 @@ from .deploy_objects import (
     ROOT,
     VALUES,
     chart_pods,
+    chart_run_job,
     chart_storage,
     documented_secrets,
     helm_install_versions,
+    instance_run_job,
     nats_pods,
+    snake,
 )
 
 SCHEMAS = Path(__file__).parent / "schemas"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 IMAGE = "registry.example.com/fleet-pipelines"
-
-
-def snake(key: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
 
 
 def render_instance(values: dict[str, Any]) -> dict[str, Any]:
@@ -97,19 +96,15 @@ def test_config_validation_rejects_a_typo():
     assert any("job_namespce" in e for e in errors(K8sRunLauncher.config_type(), typo))
 
 
-@pytest.mark.parametrize("owner", ["instance", "chart"])
-def test_run_pod_config_is_a_valid_kubernetes_pod(owner: str):
-    config = (
-        INSTANCE["run_launcher"]["config"]["run_k8s_config"]
-        if owner == "instance"
-        else {
-            snake(k): v for k, v in VALUES["runLauncher"]["config"]["k8sRunLauncher"]["runK8sConfig"].items()
-        }
-    )
-    container = {"name": "run", "image": "x", **config["container_config"]}
-    template = {"spec": {**config["pod_spec_config"], "containers": [container]}}
-    pod = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "run"}, "template": template}
-    kubernetes_validate.validate(pod, "1.33", strict=True)
+@pytest.mark.parametrize("version", ["1.33", "1.37"])
+@pytest.mark.parametrize("route", ["instance", "chart"])
+def test_the_run_job_dagster_k8s_builds_is_valid_kubernetes(route: str, version: str):
+    """dagster-k8s turns our run_k8s_config into the Job it submits; that Job validates (strict)."""
+    job = instance_run_job() if route == "instance" else chart_run_job(VALUES)
+    job["metadata"].pop("creationTimestamp", None)
+    kubernetes_validate.validate(job, version, strict=True)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["hostUsers"] is False and pod["containers"][0]["securityContext"]["procMount"] == "Unmasked"
 
 
 @pytest.mark.parametrize(("owner", "pod"), chart_pods(VALUES) + nats_pods(NATS_VALUES))

@@ -17,8 +17,10 @@ from .deploy_objects import (
     K8S,
     ROOT,
     VALUES,
+    chart_run_job,
     containers,
     documented_secrets,
+    instance_run_job,
     load_docs,
     of_kind,
     workload_pods,
@@ -92,15 +94,11 @@ def plain_containers() -> dict[str, dict[str, Any]]:
 def routes() -> list[tuple[str, set[str], set[str]]]:
     """(where, names set there, names needed there)."""
     user = VALUES["dagster-user-deployments"]["deployments"][0]
-    launcher = VALUES["runLauncher"]["config"]["k8sRunLauncher"]
     user_env = from_sources(
         [r["name"] for r in user["envConfigMaps"]], [r["name"] for r in user["envSecrets"]]
     )
-    chart_run_env = user_env | from_sources(
-        [r["name"] for r in launcher["envConfigMaps"]], [r["name"] for r in launcher["envSecrets"]]
-    )
-    run = INSTANCE["run_launcher"]["config"]
-    plain_run_env = from_sources(run["env_config_maps"], run["env_secrets"]) | {"DAGSTER_PG_PASSWORD"}
+    chart_run_env = container_env(chart_run_job(VALUES)["spec"]["template"]["spec"]["containers"][0])
+    plain_run_env = container_env(instance_run_job()["spec"]["template"]["spec"]["containers"][0])
     instance_reads = instance_env_refs(INSTANCE)
     plain = plain_containers()
     return [

@@ -19,7 +19,6 @@ import pytest
 
 from .deploy_objects import (
     DAGSTER_DIR,
-    INSTANCE,
     K8S,
     NATS_VALUES,
     ROOT,
@@ -27,7 +26,7 @@ from .deploy_objects import (
     Pod,
     chart_pods,
     containers,
-    instance_run_pod,
+    instance_run_job,
     load_docs,
     nats_pods,
     workload_pods,
@@ -109,7 +108,7 @@ def every_pod() -> list[tuple[str, Pod]]:
     return [
         *workload_pods(load_docs(K8S)),
         *workload_pods(load_docs(DAGSTER_DIR)),
-        instance_run_pod(INSTANCE),
+        ("dagster.yaml/run", instance_run_job()["spec"]["template"]["spec"]),
         *chart_pods(VALUES),
         *nats_pods(NATS_VALUES),
     ]
