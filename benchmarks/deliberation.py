@@ -44,9 +44,9 @@ def run_pipeline(
         "wall": wall,
         "steps": sum(steps.values()),
         "proposals_step": steps["proposals"],
-        "llm_critical": proposals["latency_ms"].max() / 1000,
+        "llm_critical": max(p.latency_ms for p in proposals) / 1000,
         "scores_step": steps["scores"],
-        "tokens": float(proposals["tokens_out"].sum()),
+        "tokens": float(sum(p.tokens_out for p in proposals)),
     }
 
 
@@ -68,10 +68,10 @@ def main() -> None:
             "FLEET_MAX_TOKENS": str(args.max_tokens),
         }
     )
-    from fleet_pipelines.definitions import build_resources
+    from fleet_pipelines.settings import FleetSettings
 
-    resources = build_resources()
-    engine = resources["council"].llm.settings()
+    resources = FleetSettings.from_env().resources()
+    engine = resources["turn_runner"].engine.to_model()
     settings = CouncilSettings(max_tokens=args.max_tokens)
     task = Task(task_id="bench", description=DESCRIPTION, role=Role.DEV, num_agents=3, rounds=0)
     requests = proposal_requests(task, build_council(Role.DEV, 3, settings), settings)

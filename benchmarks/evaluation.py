@@ -26,7 +26,7 @@ import dagster as dg
 
 from fleet_pipelines import stack
 from fleet_pipelines.assets.evaluation import evaluation
-from fleet_pipelines.definitions import build_resources
+from fleet_pipelines.settings import FleetSettings
 
 
 def main() -> int:
@@ -69,7 +69,7 @@ def main() -> int:
         with dg.instance_for_test(temp_dir=tmp) as instance:
             result = dg.materialize(
                 [evaluation],
-                resources=build_resources(),
+                resources=FleetSettings.from_env().resources(),
                 instance=instance,
                 partition_key=args.partition,
                 run_config={"ops": {"evaluation": {"config": config}}},

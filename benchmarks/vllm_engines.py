@@ -94,6 +94,7 @@ def bench_actor(hf_model: Path, logs: Path, concurrency: int, max_tokens: int) -
     try:
         ray.init(address="auto", log_to_driver=False)
         settings = VLLMActorSettings(
+            num_gpus=0,
             model=str(hf_model),
             served_model_name=MODEL_NAME,
             dtype="float32",

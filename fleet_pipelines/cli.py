@@ -27,9 +27,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def _dagster_home() -> Path:
     """DAGSTER_HOME, or `.fleet/dagster_home` seeded with the repo's dagster.yaml."""
-    from . import settings
+    from .settings import FleetSettings
 
-    home = Path(os.environ.get("DAGSTER_HOME") or settings.state_dir() / "dagster_home")
+    home = FleetSettings.from_env().dagster_home_path()
     home.mkdir(parents=True, exist_ok=True)
     template = REPO_ROOT / "dagster.yaml"
     if not (home / "dagster.yaml").exists() and template.exists():
@@ -93,19 +93,17 @@ def task_from_args(args: argparse.Namespace) -> tuple[str, dict]:
     }
 
 
+SUMMARY_FIELDS = {"status", "winner_id", "ranking", "reasons", "winner_content"}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import dagster as dg
 
-    from .assets.deliberation import (
-        DeliberationConfig,
-        build_task,
-        deliberation_partitions,
-        deliberation_run_config,
-    )
+    from .assets.deliberation import build_task, deliberation_partitions, deliberation_run_config
 
     task_id, task_config = task_from_args(args)
     try:
-        build_task(task_id, DeliberationConfig(**task_config))
+        build_task(task_id, task_config)
     except dg.Failure as exc:
         print(f"fleet run: {exc.description}", file=sys.stderr)
         return EXIT_USAGE
@@ -127,33 +125,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not result.success:
         print(f"task {task_id}: run {result.run_id} failed; see the Dagster UI", file=sys.stderr)
         return 1
-    row = result.output_for_node("decision").iloc[0]
-    summary = {
-        "task_id": task_id,
-        "run_id": result.run_id,
-        "status": row["status"],
-        "winner_id": row["winner_id"],
-        "ranking": json.loads(row["ranking"]),
-        "reasons": json.loads(row["reasons"]),
-    }
+    decision = result.output_for_node("decision")
     if args.json:
-        print(json.dumps({**summary, "winner_content": row["winner_content"]}, indent=2))
+        summary = {"task_id": task_id, "run_id": result.run_id}
+        print(json.dumps({**summary, **decision.model_dump(mode="json", include=SUMMARY_FIELDS)}, indent=2))
     else:
-        print(f"status: {summary['status']}\nwinner: {summary['winner_id']}")
-        for r in summary["ranking"]:
-            print(f"  {r['rank']}. {r['agent_id']}  score {r['score']:.3f}")
-        for reason in summary["reasons"]:
+        print(f"status: {decision.status.value}\nwinner: {decision.winner_id}")
+        for r in decision.ranking:
+            print(f"  {r.rank}. {r.agent_id}  score {r.score:.3f}")
+        for reason in decision.reasons:
             print(f"  - {reason}")
-        if row["winner_content"]:
-            print(f"\n--- winning proposal ---\n{row['winner_content']}")
-    return 0 if row["status"] in ("COMPLETED", "PARTIAL") else 1
+        if decision.winner_content:
+            print(f"\n--- winning proposal ---\n{decision.winner_content}")
+    return 0 if decision.status.value in ("COMPLETED", "PARTIAL") else 1
 
 
 def cmd_nats_init(args: argparse.Namespace) -> int:
     from .events.bus import NatsError
-    from .resources.events import NatsResource
+    from .settings import FleetSettings
 
-    nats = NatsResource.from_env()
+    nats = FleetSettings.from_env().nats()
     try:
         changes = nats.ensure_streams()
     except NatsError as exc:
@@ -167,10 +158,10 @@ def cmd_nats_init(args: argparse.Namespace) -> int:
 def cmd_nats_rejected(args: argparse.Namespace) -> int:
     from .events.bus import NatsError
     from .events.redrive import dead_letters
-    from .resources.events import NatsResource
+    from .settings import FleetSettings
 
     try:
-        found = NatsResource.from_env().session(dead_letters)
+        found = FleetSettings.from_env().nats().session(dead_letters)
     except NatsError as exc:
         print(f"fleet nats rejected: {exc}", file=sys.stderr)
         return 1
@@ -186,11 +177,11 @@ def cmd_nats_redrive(args: argparse.Namespace) -> int:
     from .events.bus import NatsError
     from .events.planning import InvalidEvent
     from .events.redrive import redrive
-    from .resources.events import NatsResource
+    from .settings import FleetSettings
 
     body = Path(args.file).read_bytes() if args.file else None
     try:
-        seq = NatsResource.from_env().session(lambda s: redrive(s, args.seq, body))
+        seq = FleetSettings.from_env().nats().session(lambda s: redrive(s, args.seq, body))
     except (LookupError, InvalidEvent) as exc:
         print(f"fleet nats redrive: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -205,7 +196,7 @@ def cmd_deliberate(args: argparse.Namespace) -> int:
     from .events.bus import NatsError
     from .events.planning import InvalidEvent, StreamMessage, plan_deliberations, single_task_plan
     from .events.streams import PLAN_APPROVED, PLANNING_STREAM
-    from .resources.events import NatsResource
+    from .settings import FleetSettings
 
     task_id, task = task_from_args(args)
     try:
@@ -227,7 +218,7 @@ def cmd_deliberate(args: argparse.Namespace) -> int:
         print(f"fleet deliberate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        [(seq, _)] = NatsResource.from_env().publish([(PLAN_APPROVED, envelope)])
+        [(seq, _)] = FleetSettings.from_env().nats().publish([(PLAN_APPROVED, envelope)])
     except NatsError as exc:
         print(f"fleet deliberate: {exc}", file=sys.stderr)
         return 1
@@ -256,12 +247,12 @@ def cmd_result(args: argparse.Namespace) -> int:
 
     from .events.bus import NatsError
     from .events.results import TERMINAL, find_task_in_stream, task_result
-    from .resources.events import NatsResource
+    from .resources.io import read_stored
+    from .settings import FleetSettings
 
     _dagster_home()
-    from .definitions import defs
-
-    nats = NatsResource.from_env()
+    settings = FleetSettings.from_env()
+    nats = settings.nats()
 
     def find_in_stream(task_id: str) -> int | None:
         try:
@@ -270,7 +261,7 @@ def cmd_result(args: argparse.Namespace) -> int:
             return None
 
     def load_decision(task_id: str):
-        return defs.load_asset_value("decision", partition_key=task_id, instance=instance)
+        return read_stored(settings.storage, "decision", task_id)
 
     instance = dg.DagsterInstance.get()
     deadline = time.monotonic() + (args.wait or 0)
@@ -297,10 +288,12 @@ def cmd_result(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from . import settings, stack
+    from . import stack
+    from .settings import FleetSettings
 
     home = _dagster_home()
-    log_dir = settings.state_dir() / "logs"
+    settings = FleetSettings.from_env()
+    log_dir = settings.state_path / "logs"
     services: list[stack.Service] = []
     stopping = False
 
@@ -328,7 +321,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     try:
         print(f"logs in {log_dir}", flush=True)
         if not os.environ.get("NATS_URL"):
-            nats_store = settings.state_dir() / "nats"
+            nats_store = settings.state_path / "nats"
             services.append(stack.start_nats(log_dir, args.nats_port, nats_store))
             os.environ["NATS_URL"] = f"nats://127.0.0.1:{args.nats_port}"
         print(f"nats: {os.environ['NATS_URL']}", flush=True)

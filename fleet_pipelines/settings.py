@@ -1,40 +1,188 @@
-"""Environment variables the platform reads, with the seed system's names as aliases."""
+"""The one settings object: every environment variable the platform reads, and the resources
+built from them. The seed system's variable names are accepted as aliases.
+
+Light on purpose (pydantic only at import): the CLI reads it before deciding what else to import.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from .domain.council import DEFAULT_MAX_TOKENS
+from .llm.local_server import MODEL_NAME
+
+if TYPE_CHECKING:
+    from .resources.events import NatsResource
 
 DEFAULT_LLM_URL = "http://127.0.0.1:8080/v1"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+# Secrets are never values here: settings only note that they are set, and the resources read
+# them through dg.EnvVar, so they stay out of run config, the UI and the event log.
+NATS_SECRETS = (
+    ("token", "NATS_TOKEN"),
+    ("user", "NATS_USER"),
+    ("password", "NATS_PASSWORD"),
+    ("creds_file", "NATS_CREDS"),
+    ("tls_ca_file", "NATS_TLS_CA"),
+    ("tls_cert_file", "NATS_TLS_CERT"),
+    ("tls_key_file", "NATS_TLS_KEY"),
+)
+LLM_API_KEY = "FLEET_LLM_API_KEY"
 
 
-def env(*names: str, default: str) -> str:
-    """The first of `names` that is set (our FLEET_* name first, then legacy aliases)."""
-    for name in names:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return default
+def _env(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
 
 
-def llm_base_url() -> str:
-    return env("FLEET_LLM_BASE_URL", "VLLM_URL", default=DEFAULT_LLM_URL)
+class FleetSettings(BaseModel):
+    """Everything configurable from the environment. `FleetSettings.from_env()` reads it once;
+    `resources()` builds every resource of the code location from it."""
 
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
-def llm_model() -> str:
-    from .llm.local_server import MODEL_NAME
+    # The engine
+    llm_base_url: str = Field(
+        default=DEFAULT_LLM_URL,
+        validation_alias=_env("FLEET_LLM_BASE_URL", "VLLM_URL"),
+        description="Any OpenAI-compatible engine (`/v1` added if missing).",
+    )
+    llm_model: str = Field(
+        default=MODEL_NAME,
+        validation_alias=_env("FLEET_LLM_MODEL", "VLLM_MODEL"),
+        description="Model name sent with each request.",
+    )
+    llm_api_key_set: bool = Field(default=False, description=f"{LLM_API_KEY} is set (read via dg.EnvVar).")
+    max_tokens: int = Field(
+        default=DEFAULT_MAX_TOKENS,
+        validation_alias=_env("FLEET_MAX_TOKENS"),
+        description="Completion limit of one agent turn.",
+    )
+    engine_backend: Literal["openai", "vllm_actor"] = Field(
+        default="openai", validation_alias=_env("FLEET_ENGINE_BACKEND")
+    )
+    vllm_model: str | None = Field(default=None, validation_alias=_env("FLEET_VLLM_MODEL"))
+    vllm_num_gpus: float | None = Field(default=None, validation_alias=_env("FLEET_VLLM_NUM_GPUS"))
+    vllm_num_cpus: float | None = Field(default=None, validation_alias=_env("FLEET_VLLM_NUM_CPUS"))
+    vllm_dtype: str | None = Field(default=None, validation_alias=_env("FLEET_VLLM_DTYPE"))
+    vllm_enforce_eager: bool | None = Field(default=None, validation_alias=_env("FLEET_VLLM_ENFORCE_EAGER"))
+    vllm_cpu_kvcache_gib: int | None = Field(
+        default=None, validation_alias=_env("FLEET_VLLM_CPU_KVCACHE_GIB")
+    )
+    vllm_cache_root: str | None = Field(default=None, validation_alias=_env("FLEET_VLLM_CACHE_ROOT"))
+    # Where state lives
+    state_dir: Path = Field(
+        default=Path(".fleet"),
+        validation_alias=_env("FLEET_STATE_DIR"),
+        description="Local stack state (models, logs, NATS store, Dagster home, asset values).",
+    )
+    storage_path: str | None = Field(
+        default=None,
+        validation_alias=_env("FLEET_STORAGE_PATH"),
+        description="Where asset values are stored (default <state_dir>/storage; s3://… works).",
+    )
+    dagster_home: Path | None = Field(default=None, validation_alias=_env("DAGSTER_HOME"))
+    # NATS
+    nats_url: str = Field(default=DEFAULT_NATS_URL, validation_alias=_env("NATS_URL"))
+    nats_secrets_set: tuple[str, ...] = Field(
+        default=(), description="Resource fields whose NATS_* variable is set (read via dg.EnvVar)."
+    )
+    planning_start: Literal["first", "end"] = Field(
+        default="first",
+        validation_alias=_env("FLEET_PLANNING_START"),
+        description="Where the planning sensor starts without a cursor: every retained plan, or the end.",
+    )
+    # The nightly evaluation
+    eval_schedule: str = Field(default="off", validation_alias=_env("FLEET_EVAL_SCHEDULE"))
+    eval_cron: str = Field(default="0 2 * * *", validation_alias=_env("FLEET_EVAL_CRON"))
+    eval_suite: str = Field(default="humaneval", validation_alias=_env("FLEET_EVAL_SUITE"))
+    eval_split: str = Field(default="test", validation_alias=_env("FLEET_EVAL_SPLIT"))
+    eval_sample_size: int = Field(default=20, validation_alias=_env("FLEET_EVAL_SAMPLE_SIZE"))
 
-    return env("FLEET_LLM_MODEL", "VLLM_MODEL", default=MODEL_NAME)
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> FleetSettings:
+        """The settings from the environment; empty variables count as unset."""
+        environ = os.environ if environ is None else environ
+        present = {k: v for k, v in environ.items() if v}
+        return cls.model_validate(
+            {
+                **present,
+                "llm_api_key_set": LLM_API_KEY in present,
+                "nats_secrets_set": tuple(field for field, var in NATS_SECRETS if var in present),
+            }
+        )
 
+    @property
+    def state_path(self) -> Path:
+        return self.state_dir.resolve()
 
-def max_tokens() -> int:
-    return int(env("FLEET_MAX_TOKENS", default="1024"))
+    @property
+    def storage(self) -> str:
+        return self.storage_path or str(self.state_path / "storage")
 
+    @property
+    def eval_schedule_running(self) -> bool:
+        return self.eval_schedule.lower() in {"on", "1", "true", "running"}
 
-def state_dir() -> Path:
-    """Where the local stack keeps its state (models, NATS store, Dagster home, asset values)."""
-    return Path(env("FLEET_STATE_DIR", default=".fleet")).resolve()
+    def dagster_home_path(self) -> Path:
+        return (self.dagster_home or self.state_path / "dagster_home").resolve()
 
+    def nats(self) -> NatsResource:
+        import dagster as dg
 
-def storage_path() -> str:
-    return env("FLEET_STORAGE_PATH", default=str(state_dir() / "storage"))
+        from .resources.events import NatsResource
+
+        secrets = {field: dg.EnvVar(var) for field, var in NATS_SECRETS if field in self.nats_secrets_set}
+        return NatsResource(url=self.nats_url, **secrets)
+
+    def resources(self) -> dict[str, object]:
+        """Every resource of the code location."""
+        import dagster as dg
+        from dagster_ray import LocalRay
+
+        from .resources.config import EngineConfig, OpenAIEngineConfig, VLLMActorConfig
+        from .resources.council import CouncilResource
+        from .resources.io import DomainIOManager, ParquetIOManager
+        from .resources.turns import RayTurnRunner
+
+        vllm = None
+        if self.vllm_model:
+            given = {
+                "num_gpus": self.vllm_num_gpus,
+                "num_cpus": self.vllm_num_cpus,
+                "dtype": self.vllm_dtype,
+                "enforce_eager": self.vllm_enforce_eager,
+                "cpu_kvcache_space_gib": self.vllm_cpu_kvcache_gib,
+                "cache_root": self.vllm_cache_root,
+            }
+            vllm = VLLMActorConfig(
+                model=self.vllm_model,
+                served_model_name=self.llm_model,
+                **{k: v for k, v in given.items() if v is not None},
+            )
+        engine = EngineConfig(
+            backend=self.engine_backend,
+            openai=OpenAIEngineConfig(
+                base_url=self.llm_base_url,
+                model=self.llm_model,
+                api_key=dg.EnvVar(LLM_API_KEY) if self.llm_api_key_set else None,
+            ),
+            vllm_actor=vllm,
+        )
+        return {
+            # ray.init(address=None) joins the cluster named by RAY_ADDRESS (`make dev` starts a local
+            # head and sets it; KubeRay in production); without it Ray starts a private local instance.
+            "ray_cluster": (
+                ray := LocalRay(ray_init_options={"ignore_reinit_error": True, "log_to_driver": False})
+            ),
+            "turn_runner": RayTurnRunner(engine=engine, ray_cluster=ray),
+            "council": CouncilResource(max_tokens=self.max_tokens),
+            "io_manager": DomainIOManager(base_path=self.storage),
+            "frames_io_manager": ParquetIOManager(base_path=self.storage),
+            # NATS_URL (+ NATS_TOKEN/USER/PASSWORD/CREDS/TLS_*): `make dev` starts one and sets it.
+            "nats": self.nats(),
+        }

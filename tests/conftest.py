@@ -14,7 +14,7 @@ import dagster as dg
 import pytest
 
 from fleet_pipelines import stack
-from fleet_pipelines.definitions import build_resources
+from fleet_pipelines.settings import FleetSettings
 
 
 @pytest.fixture(scope="session")
@@ -95,4 +95,4 @@ def stack_env(llm_server: str, ray_head: str, tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("FLEET_LLM_BASE_URL", llm_server)
     monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
     monkeypatch.setenv("FLEET_MAX_TOKENS", os.environ.get("FLEET_TEST_MAX_TOKENS", "128"))
-    return build_resources()
+    return FleetSettings.from_env().resources()

@@ -14,14 +14,14 @@ from typing import cast
 
 import dagster as dg
 import pandas as pd
-from dagster_ray import RayResource
 from pydantic import Field
 
 from ..domain import evaluation as ev
 from ..evaluation.runner import EvaluationSettings, run_problems
 from ..evaluation.suites import Split, get_suite, sample_problems
 from ..resources.council import CouncilResource
-from . import frames
+from ..resources.turns import RayTurnRunner
+from .previews import table
 
 GROUP = "evaluation"
 DROP_CHECK = "no_drop_vs_previous_partition"
@@ -230,12 +230,13 @@ def drop_check(
     group_name=GROUP,
     kinds={"ray", "python"},
     check_specs=[dg.AssetCheckSpec(DROP_CHECK, asset="evaluation")],
+    io_manager_key="frames_io_manager",
 )
 def evaluation(
     context: dg.AssetExecutionContext,
     config: EvaluationConfig,
     council: CouncilResource,
-    ray_cluster: RayResource,
+    turn_runner: RayTurnRunner,
 ):
     """Arms A (greedy), B (k samples + selector at D's token budget), C (N proposals + selector)
     and D (council + selector) on the hidden tests of a benchmark sample."""
@@ -246,7 +247,6 @@ def evaluation(
     problems = sample_problems(suite, split, config.sample_size, config.seed, config.problem_ids)
     if not problems:
         raise dg.Failure(description=f"no problems in {config.suite} split {config.split}")
-    dispatcher = council.dispatcher(None)
     settings = EvaluationSettings(
         num_agents=config.num_agents,
         rounds=config.rounds,
@@ -254,15 +254,19 @@ def evaluation(
         max_tokens=config.max_tokens,
         max_samples_b=config.max_samples_b,
         problem_timeout_s=config.problem_timeout_s,
-        sandbox=council.sandbox_limits(),
-        weights=council.scoring_weights(),
+        sandbox=council.sandbox.to_model(),
+        weights=council.weights.to_model(),
     )
     context.log.info(
-        f"evaluating {len(problems)} {suite.name} problems with {council.llm.model} "
-        f"(N={config.num_agents}, R={config.rounds}) on {ray_cluster.display_name}"
+        f"evaluating {len(problems)} {suite.name} problems with {turn_runner.model_name} "
+        f"(N={config.num_agents}, R={config.rounds}) on Ray"
     )
     outcomes = run_problems(
-        problems, settings, dispatcher.engine, dispatcher.settings, config.max_concurrent_problems
+        problems,
+        settings,
+        turn_runner.engine.to_model(),
+        turn_runner.dispatch_settings(),
+        config.max_concurrent_problems,
     )
     splits = {p.problem_id: suite.split_of(p) for p in problems}
     df = outcomes_to_frame(outcomes, splits, context.partition_key)
@@ -275,12 +279,12 @@ def evaluation(
     overall = {ev.Arm(r["arm"]): float(r["pass_at_1"]) for r in first_split.to_dict("records")}
     header = (
         f"## Evaluation {context.partition_key}: {len(problems)} {suite.name} problems, "
-        f"{council.llm.model}, N={config.num_agents}, R={config.rounds}, max_tokens={config.max_tokens}"
+        f"{turn_runner.model_name}, N={config.num_agents}, R={config.rounds}, max_tokens={config.max_tokens}"
     )
     png = plot_png(summary, header.removeprefix("## "))
     key = fingerprint(
         [p.problem_id for p in problems],
-        council.llm.model,
+        turn_runner.model_name,
         config.suite,
         config.num_agents,
         config.rounds,
@@ -288,7 +292,7 @@ def evaluation(
     )
     metadata: dict[str, dg.RawMetadataValue] = {
         "report": dg.MetadataValue.md(report_markdown(summary, comparisons, header)),
-        "summary": frames.table(summary, SUMMARY_COLUMNS),
+        "summary": table(summary.to_dict("records"), SUMMARY_COLUMNS),
         "plot": dg.MetadataValue.md(
             f"![pass@1 vs tokens](data:image/png;base64,{base64.b64encode(png).decode()})"
         ),

@@ -8,15 +8,16 @@ from .models import AgentSpec, Role
 
 DIVERSITY_TEMPERATURE_FACTOR = 1.3
 MAX_TEMPERATURE = 2.0
+DEFAULT_MAX_TOKENS = 1024  # completion limit of one turn (FLEET_MAX_TOKENS); the seed system used 2048
 
 
 class CouncilSettings(BaseModel):
-    """Sampling settings shared by a council (seed defaults: temperature 0.7, 2048 tokens)."""
+    """Sampling settings shared by a council."""
 
     model_config = ConfigDict(frozen=True)
 
     temperature: float = Field(default=0.7, ge=0.0, le=MAX_TEMPERATURE)
-    max_tokens: int = Field(default=2048, ge=16, le=32_768)
+    max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=16, le=32_768)
 
 
 def agent_id(role: Role, index: int) -> str:

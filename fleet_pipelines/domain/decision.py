@@ -24,6 +24,7 @@ class Decision(BaseModel):
     usable_agents: int
     failed_agents: list[str]
     timed_out_agents: list[str]
+    winner_content: str = ""  # the winning proposal's final version
 
 
 def quorum_for(num_agents: int, quorum: int | None = None) -> int:
@@ -111,4 +112,5 @@ def decide(
         usable_agents=usable,
         failed_agents=failed,
         timed_out_agents=timed_out,
+        winner_content=finals[winner_id].content if winner_id else "",
     )

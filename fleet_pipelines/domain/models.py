@@ -6,10 +6,12 @@ breaks one is rejected with the pydantic message naming the field, never truncat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.fields import FieldInfo
 
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 MAX_DESCRIPTION_CHARS = 8_000
@@ -75,18 +77,30 @@ class Constraints(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rubric: str = Field(default="", max_length=MAX_RUBRIC_CHARS)
-    requirements: list[Requirement] = Field(default_factory=list, max_length=MAX_REQUIREMENTS)
-    metadata: dict[str, MetadataValue] = Field(default_factory=dict, max_length=MAX_METADATA_ENTRIES)
-    max_iterations: int | None = Field(default=None, ge=1, le=10)
-    timeout_seconds: float = Field(default=300.0, gt=0, le=3_600)
+    rubric: str = Field(
+        default="", max_length=MAX_RUBRIC_CHARS, description="What a good proposal looks like."
+    )
+    requirements: list[Requirement] = Field(
+        default_factory=list, max_length=MAX_REQUIREMENTS, description="Requirements each proposal must meet."
+    )
+    metadata: dict[str, MetadataValue] = Field(
+        default_factory=dict, max_length=MAX_METADATA_ENTRIES, description="Extra context shown to agents."
+    )
+    max_iterations: int | None = Field(default=None, ge=1, le=10, description="Seed contract; unused.")
+    timeout_seconds: float = Field(
+        default=300.0, gt=0, le=3_600, description="Deliberation deadline in seconds, from the run's start."
+    )
     tests: str = Field(
         default="",
         max_length=MAX_TEST_CHARS,
         description="Python test code run in the sandbox against the proposal's code: top-level "
         "asserts and/or `test_*` functions; the proposal's names are imported from `solution`.",
     )
-    examples: list[TaskExample] = Field(default_factory=list, max_length=MAX_EXAMPLES)
+    examples: list[TaskExample] = Field(
+        default_factory=list,
+        max_length=MAX_EXAMPLES,
+        description="Input/output examples, each {call: Python expression, expected: Python expression}.",
+    )
 
 
 class Task(BaseModel):
@@ -94,14 +108,47 @@ class Task(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    task_id: TaskId
-    description: str = Field(min_length=1, max_length=MAX_DESCRIPTION_CHARS)
-    role: Role
-    num_agents: int = Field(default=3, ge=1, le=MAX_AGENTS)
-    rounds: int = Field(default=1, ge=0, le=MAX_ROUNDS)
+    task_id: TaskId = Field(description="Also the partition key: [A-Za-z0-9._:-]{1,128}.")
+    description: str = Field(min_length=1, max_length=MAX_DESCRIPTION_CHARS, description="What to solve.")
+    role: Role = Field(description="Council role: DEV, QA, ARCHITECT, DEVOPS or DATA.")
+    num_agents: int = Field(
+        default=3, ge=1, le=MAX_AGENTS, description=f"Agents in the council (1-{MAX_AGENTS})."
+    )
+    rounds: int = Field(
+        default=1, ge=0, le=MAX_ROUNDS, description=f"Review rounds after the proposals (0-{MAX_ROUNDS})."
+    )
     constraints: Constraints = Field(default_factory=Constraints)
-    story_id: str | None = Field(default=None, max_length=256)
-    plan_id: str | None = Field(default=None, max_length=256)
+    story_id: str | None = Field(default=None, max_length=256, description="Story the task belongs to.")
+    plan_id: str | None = Field(default=None, max_length=256, description="Plan the task belongs to.")
+
+    @classmethod
+    def from_fields(cls, task_id: str, fields: Mapping[str, Any]) -> Task:
+        """The task from its flat form (launchpad config, planned task, CLI): the one place the
+        constraint fields move under `constraints`. A field that is neither a task field nor a
+        constraint is rejected (extra inputs are not permitted), never dropped."""
+        constraints = {k: v for k, v in fields.items() if k in CONSTRAINT_FIELDS}
+        top = {k: v for k, v in fields.items() if k not in CONSTRAINT_FIELDS}
+        return cls.model_validate({"task_id": task_id, **top, "constraints": constraints})
+
+    def fields(self) -> dict[str, Any]:
+        """The flat form (JSON values) without the task id: what `from_fields` reads back."""
+        flat = self.model_dump(mode="json", exclude={"task_id", "constraints"})
+        return {**flat, **self.constraints.model_dump(mode="json")}
+
+
+CONSTRAINT_FIELDS = frozenset(Constraints.model_fields)
+
+
+def flat_task_fields() -> dict[str, tuple[Any, FieldInfo]]:
+    """The fields of a task's flat form, with the domain's types, bounds, defaults and descriptions:
+    the schema that launchpad config and planned tasks derive from."""
+    fields = {
+        name: (info.annotation, info)
+        for name, info in Task.model_fields.items()
+        if name not in ("task_id", "constraints")
+    }
+    fields.update({name: (info.annotation, info) for name, info in Constraints.model_fields.items()})
+    return fields
 
 
 class AgentSpec(BaseModel):

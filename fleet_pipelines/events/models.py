@@ -1,7 +1,8 @@
 """Event envelope and payloads (DESIGN.md section 5), each with a `schema_version`.
 
-Incoming models ignore unknown fields (producers may add some); outgoing models are what we
-promise to subscribers. Bounds come from the domain model, so an event that would make an invalid
+Incoming envelopes and plans ignore unknown fields (producers may add some), but a task does not:
+a field it does not know would be an instruction lost. Outgoing models are what we promise to
+subscribers. Bounds come from the domain model, so an event that would make an invalid
 task is rejected here with the field named.
 """
 
@@ -10,9 +11,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from ..domain.models import MAX_AGENTS, MAX_ROUNDS, Role
+from ..domain.models import Role, flat_task_fields
 
 SCHEMA_VERSION = 1
 PRODUCER = "fleet-pipelines"
@@ -41,22 +42,18 @@ class EventEnvelope(BaseModel):
     payload: dict[str, Any] = Field(description="The event's payload (one of the payload models below).")
 
 
-class PlannedTask(BaseModel):
-    """An explicit task in a plan; fields left out take the council defaults."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    task_id: str | None = Field(
-        default=None, description="Partition key; derived from plan, role and position when absent."
-    )
-    description: str = Field(min_length=1, description="What the council must solve.")
-    role: Role = Field(description="Council role.")
-    num_agents: int = Field(default=3, ge=1, le=MAX_AGENTS, description="Agents in the council.")
-    rounds: int = Field(default=1, ge=0, le=MAX_ROUNDS, description="Review rounds.")
-    rubric: str = Field(default="", description="What a good proposal looks like.")
-    requirements: list[str] = Field(default_factory=list, description="Requirements each proposal must meet.")
-    metadata: dict[str, str] = Field(default_factory=dict, description="Extra context shown to agents.")
-    timeout_seconds: float = Field(default=300.0, description="Deliberation deadline in seconds.")
+PlannedTask = create_model(
+    "PlannedTask",
+    __config__=ConfigDict(extra="forbid"),
+    __doc__="An explicit task in a plan: the domain Task's flat form (fields left out take the "
+    "defaults). An unknown field rejects the plan with its name, never dropped silently.",
+    task_id=(
+        str | None,
+        Field(default=None, description="Partition key; derived from plan, role and position when absent."),
+    ),
+    # The plan's story and plan ids are the task's: a task does not name its own.
+    **{name: spec for name, spec in flat_task_fields().items() if name not in ("story_id", "plan_id")},
+)
 
 
 class PlanApproved(BaseModel):

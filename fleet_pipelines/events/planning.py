@@ -47,7 +47,7 @@ class PlannedDeliberation(BaseModel):
 
     task_id: str = Field(description="Partition key.")
     run_key: str = Field(description="Idempotency key + task id: a replay never starts a second run.")
-    task_config: dict = Field(description="Fields of DeliberationConfig.")
+    task_config: dict = Field(description="The task's flat form (`Task.fields()`): the run's config.")
     role: str = Field(description="Council role (the run queue limits per role).")
     story_id: str = Field(description="Story.")
     plan_id: str = Field(description="Plan.")
@@ -124,38 +124,32 @@ def plan_deliberations(message: StreamMessage) -> list[PlannedDeliberation]:
         raise InvalidEvent(_reason(exc, "payload." if enveloped else "")) from exc
 
     if plan.tasks:
-        configs = [
-            (task.task_id or derived_task_id(plan.plan_id, task.role.value, i), task.model_dump(mode="json"))
+        wanted = [
+            (
+                task.task_id or derived_task_id(plan.plan_id, task.role.value, i),
+                task.model_dump(exclude={"task_id"}),
+            )
             for i, task in enumerate(plan.tasks)
         ]
     else:
         description = f"Implement plan {plan.plan_id} for story {plan.story_id}"
-        configs = [
-            (derived_task_id(plan.plan_id, role.value), {"description": description, "role": role.value})
+        wanted = [
+            (derived_task_id(plan.plan_id, role.value), {"description": description, "role": role})
             for role in dict.fromkeys(plan.roles)
         ]
 
     planned = []
-    for task_id, config in configs:
-        config.pop("task_id", None)
-        config.update(story_id=plan.story_id, plan_id=plan.plan_id)
-        constraint_keys = ("rubric", "requirements", "metadata", "timeout_seconds")
+    for task_id, fields in wanted:
         try:
-            Task.model_validate(
-                {
-                    "task_id": task_id,
-                    **{k: v for k, v in config.items() if k not in constraint_keys},
-                    "constraints": {k: config[k] for k in constraint_keys if k in config},
-                }
-            )
+            task = Task.from_fields(task_id, {**fields, "story_id": plan.story_id, "plan_id": plan.plan_id})
         except ValidationError as exc:
             raise InvalidEvent(f"task {task_id!r}: {_reason(exc)}") from exc
         planned.append(
             PlannedDeliberation(
                 task_id=task_id,
                 run_key=f"{envelope.idempotency_key}:{task_id}",
-                task_config=config,
-                role=config["role"],
+                task_config=task.fields(),
+                role=task.role.value,
                 story_id=plan.story_id,
                 plan_id=plan.plan_id,
                 correlation_id=envelope.correlation_id,
@@ -188,7 +182,8 @@ def rejection(message: StreamMessage, reason: str) -> PlanningRejected:
 def single_task_plan(
     task_id: str, task: dict, story_id: str, plan_id: str, approved_by: str, idempotency_key: str
 ) -> EventEnvelope:
-    """An enveloped approved plan with one explicit task (what `fleet deliberate` publishes)."""
+    """An enveloped approved plan with one explicit task, given in its flat form (what
+    `fleet deliberate` publishes)."""
     return EventEnvelope(
         event_type=PLAN_APPROVED,
         idempotency_key=idempotency_key,

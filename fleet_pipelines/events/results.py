@@ -7,21 +7,19 @@ status (FAILED also for a run that crashed before deciding); NOT_FOUND: nothing 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from enum import StrEnum
 
 import dagster as dg
-import pandas as pd
 from pydantic import BaseModel, Field
 
-from ..assets.deliberation import deliberation_partitions
+from ..assets import DELIBERATION_JOB, DELIBERATION_PARTITIONS
+from ..domain.decision import Decision
 from .bus import NatsSession
 from .planning import InvalidEvent, plan_deliberations
 from .streams import PLAN_APPROVED, PLANNING_STREAM
 
-DELIBERATION_JOB = "deliberation_job"
 PARTITION_TAG = "dagster/partition"
 DECISION = dg.AssetKey("decision")
 STREAM_SCAN_WINDOW = 1_000
@@ -62,23 +60,23 @@ def _materialized(instance: dg.DagsterInstance, run_id: str) -> list[str]:
     ]
 
 
-def _from_decision(task_id: str, run_id: str, row: pd.Series) -> TaskResult:
+def _from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
     return TaskResult(
         task_id=task_id,
-        status=TaskStatus(row["status"]),
+        status=TaskStatus(decision.status.value),
         detail=f"decision of run {run_id}",
         run_id=run_id,
-        winner_id=row["winner_id"],
-        ranking=json.loads(row["ranking"]),
-        reasons=json.loads(row["reasons"]),
-        winner_content=row["winner_content"] or None,
+        winner_id=decision.winner_id,
+        ranking=[r.model_dump() for r in decision.ranking],
+        reasons=decision.reasons,
+        winner_content=decision.winner_content or None,
     )
 
 
 def task_result(
     instance: dg.DagsterInstance,
     task_id: str,
-    load_decision: Callable[[str], pd.DataFrame],
+    load_decision: Callable[[str], Decision],
     find_in_stream: Callable[[str], int | None],
 ) -> TaskResult:
     """`load_decision(task_id)` reads the decision asset (IO manager); `find_in_stream(task_id)` gives
@@ -97,7 +95,7 @@ def task_result(
             )
         done = _materialized(instance, run.run_id)
         if DECISION.to_user_string() in done:
-            return _from_decision(task_id, run.run_id, load_decision(task_id).iloc[0])
+            return _from_decision(task_id, run.run_id, load_decision(task_id))
         if run.status in _FAILED:
             failures = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
             message = failures[-1].message if failures else f"run {run.status.value}"
@@ -108,7 +106,7 @@ def task_result(
             detail=f"run {run.run_id} {run.status.value}; materialized: {', '.join(done) or 'nothing yet'}",
             run_id=run.run_id,
         )
-    if instance.has_dynamic_partition(deliberation_partitions.name, task_id):
+    if instance.has_dynamic_partition(DELIBERATION_PARTITIONS, task_id):
         return TaskResult(task_id=task_id, status=TaskStatus.PENDING, detail="partition added, no run yet")
     seq = find_in_stream(task_id)
     if seq is not None:

@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 
 import openai
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from tenacity import (
     RetryError,
     Retrying,
@@ -21,6 +20,7 @@ from tenacity import (
 )
 
 from ..domain.models import Message
+from .settings import EngineSettings
 
 TRANSIENT_ERRORS = (
     openai.APIConnectionError,  # includes APITimeoutError
@@ -33,20 +33,6 @@ def normalize_base_url(url: str) -> str:
     """Accepts `http://host:8000` (the seed system's VLLM_URL) as well as `.../v1`."""
     url = url.rstrip("/")
     return url if url.endswith("/v1") else f"{url}/v1"
-
-
-class EngineSettings(BaseModel):
-    """Where the engine is and how patiently to call it. Travels to Ray workers as a value."""
-
-    model_config = ConfigDict(frozen=True)
-
-    base_url: str
-    model: str
-    api_key: SecretStr = SecretStr("not-needed")
-    request_timeout_s: float = Field(default=60.0, gt=0)
-    max_attempts: int = Field(default=3, ge=1, le=10)
-    backoff_initial_s: float = Field(default=0.5, ge=0)
-    backoff_max_s: float = Field(default=8.0, ge=0)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,6 @@ has no GPU.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import math
 import os
 import time
 import uuid
@@ -26,48 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from pydantic import BaseModel, ConfigDict, Field
 from ray.exceptions import GetTimeoutError, RayError
 
 from ..domain.models import Message
 from .engine import Completion, EngineError
-
-
-class VLLMActorSettings(BaseModel):
-    """The engine the actor loads and what it reserves on the cluster. Travels to Ray as a value."""
-
-    model_config = ConfigDict(frozen=True)
-
-    model: str = Field(description="HF model folder (safetensors + tokenizer) or hub id vLLM loads.")
-    served_model_name: str = Field(description="Model name recorded on every turn.")
-    num_gpus: float = Field(default=0, ge=0, description="GPUs reserved by the actor; 0 on CPU.")
-    num_cpus: float = Field(default=1, gt=0, description="CPUs reserved by the actor.")
-    dtype: str = Field(default="auto", description="vLLM dtype; float32 on CPU (bf16 gave garbage).")
-    enforce_eager: bool = Field(default=False, description="Skip graph compilation (needed on CPU).")
-    max_model_len: int = Field(default=4096, gt=0, description="Context length of one request.")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="GPU memory share.")
-    cpu_kvcache_space_gib: int | None = Field(
-        default=None, description="VLLM_CPU_KVCACHE_SPACE for CPU engines (GiB of KV cache)."
-    )
-    cache_root: str | None = Field(default=None, description="VLLM_CACHE_ROOT of the actor process.")
-    namespace: str = Field(default="fleet", description="Ray namespace of the named actor.")
-    max_concurrency: int = Field(default=256, ge=1, description="Calls the actor accepts at once.")
-    request_timeout_s: float = Field(default=300.0, gt=0, description="Deadline of one generation.")
-
-    @property
-    def tensor_parallel_size(self) -> int:
-        return max(1, math.floor(self.num_gpus))
-
-    def actor_name(self) -> str:
-        digest = hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
-        return f"fleet-vllm-{digest}"
-
-    def runtime_env(self) -> dict[str, Any]:
-        env = {
-            "VLLM_CPU_KVCACHE_SPACE": self.cpu_kvcache_space_gib,
-            "VLLM_CACHE_ROOT": self.cache_root,
-        }
-        return {"env_vars": {k: str(v) for k, v in env.items() if v is not None}}
+from .settings import VLLMActorSettings
 
 
 class VLLMEngineActor:

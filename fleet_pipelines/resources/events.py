@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -12,20 +11,9 @@ from pydantic import Field
 
 from ..events.bus import ConnectOptions, NatsSession, StreamChange, connect
 from ..events.models import EventEnvelope
+from ..settings import DEFAULT_NATS_URL
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 T = TypeVar("T")
-
-# Optional settings read from the environment, as (resource field, env var); secrets stay EnvVars.
-_ENV_FIELDS = (
-    ("token", "NATS_TOKEN"),
-    ("user", "NATS_USER"),
-    ("password", "NATS_PASSWORD"),
-    ("creds_file", "NATS_CREDS"),
-    ("tls_ca_file", "NATS_TLS_CA"),
-    ("tls_cert_file", "NATS_TLS_CERT"),
-    ("tls_key_file", "NATS_TLS_KEY"),
-)
 
 
 class NatsResource(dg.ConfigurableResource):
@@ -41,12 +29,6 @@ class NatsResource(dg.ConfigurableResource):
     tls_key_file: str | None = Field(default=None, description="Key of the client certificate.")
     connect_timeout_s: float = Field(default=2.0, description="Seconds to wait for the connection.")
     request_timeout_s: float = Field(default=5.0, description="Seconds to wait for a JetStream reply/ack.")
-
-    @classmethod
-    def from_env(cls) -> NatsResource:
-        """URL from NATS_URL; token/user/password/creds/TLS from their env vars when set."""
-        present = {name: dg.EnvVar(var) for name, var in _ENV_FIELDS if os.environ.get(var)}
-        return cls(url=os.environ.get("NATS_URL") or DEFAULT_NATS_URL, **present)
 
     def options(self) -> ConnectOptions:
         return ConnectOptions(

@@ -12,31 +12,29 @@ from __future__ import annotations
 import dagster as dg
 
 from ..assets.evaluation import evaluation, evaluation_job
-from ..settings import env
-
-DEFAULT_CRON = "0 2 * * *"
+from ..settings import FleetSettings
 
 
-def nightly_run_config() -> dict:
+def nightly_run_config(settings: FleetSettings) -> dict:
     return {
         "ops": {
             evaluation.op.name: {
                 "config": {
-                    "suite": env("FLEET_EVAL_SUITE", default="humaneval"),
-                    "split": env("FLEET_EVAL_SPLIT", default="test"),
-                    "sample_size": int(env("FLEET_EVAL_SAMPLE_SIZE", default="20")),
+                    "suite": settings.eval_suite,
+                    "split": settings.eval_split,
+                    "sample_size": settings.eval_sample_size,
                 }
             }
         }
     }
 
 
-def build_nightly_evaluation() -> dg.ScheduleDefinition:
-    running = env("FLEET_EVAL_SCHEDULE", default="off").lower() in {"on", "1", "true", "running"}
+def build_nightly_evaluation(settings: FleetSettings) -> dg.ScheduleDefinition:
+    running = settings.eval_schedule_running
 
     @dg.schedule(
         name="nightly_evaluation",
-        cron_schedule=env("FLEET_EVAL_CRON", default=DEFAULT_CRON),
+        cron_schedule=settings.eval_cron,
         execution_timezone="UTC",
         job=evaluation_job,
         default_status=dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED,
@@ -44,6 +42,8 @@ def build_nightly_evaluation() -> dg.ScheduleDefinition:
     )
     def nightly_evaluation(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
         partition = context.scheduled_execution_time.strftime("%Y-%m-%d")
-        return dg.RunRequest(run_key=partition, partition_key=partition, run_config=nightly_run_config())
+        return dg.RunRequest(
+            run_key=partition, partition_key=partition, run_config=nightly_run_config(settings)
+        )
 
     return nightly_evaluation

@@ -13,7 +13,8 @@ from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import (
     materialize_deliberation,
 )
-from fleet_pipelines.definitions import build_resources
+from fleet_pipelines.domain.models import DeliberationStatus, TurnStatus
+from fleet_pipelines.settings import FleetSettings
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def test_engine_stopped_after_the_proposals_gives_partial_within_the_deadline(
         monkeypatch.setenv("FLEET_LLM_BASE_URL", f"http://127.0.0.1:{port}/v1")
         monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
         monkeypatch.setenv("FLEET_MAX_TOKENS", "64")
-        resources = build_resources()
+        resources = FleetSettings.from_env().resources()
         task_id = "deadline-engine-stopped"
         deadline_s = 120.0
         outcome: dict = {}
@@ -66,13 +67,16 @@ def test_engine_stopped_after_the_proposals_gives_partial_within_the_deadline(
     result = outcome["result"]
     assert elapsed < deadline_s + 10
     reviews = result.output_for_node("reviews")
-    assert len(reviews) and (reviews["status"] == "failed").all()
-    assert reviews["error_type"].notna().all()
-    decision = result.output_for_node("decision").iloc[0]
-    assert decision["status"] == "PARTIAL"
-    assert decision["winner_id"] in {"agent-dev-001", "agent-dev-002", "agent-dev-003"}
-    assert "quorum met" in decision["reasons"]
-    judge = [c for c in result.output_for_node("scores")["evidence"] if "not scored: judge turn failed" in c]
+    assert reviews and all(r.status is TurnStatus.FAILED and r.error_type for r in reviews)
+    decision = result.output_for_node("decision")
+    assert decision.status is DeliberationStatus.PARTIAL
+    assert decision.winner_id in {"agent-dev-001", "agent-dev-002", "agent-dev-003"}
+    assert any("quorum met" in reason for reason in decision.reasons)
+    judge = [
+        s
+        for s in result.output_for_node("scores")
+        if "not scored: judge turn failed" in s.check("judge").evidence
+    ]
     assert len(judge) == 3  # the judge could not run either, and says so
     quorum = next(e for e in result.get_asset_check_evaluations() if e.check_name == "quorum_met")
     assert quorum.passed
@@ -82,7 +86,7 @@ def test_a_deadline_hit_before_quorum_is_timeout_and_the_blocking_check_fails(
     stack_env, dagster_instance, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setenv("FLEET_MAX_TOKENS", "512")
-    resources = build_resources()
+    resources = FleetSettings.from_env().resources()
     task_id = "deadline-too-short"
     result = materialize_deliberation(
         dagster_instance,
@@ -92,9 +96,9 @@ def test_a_deadline_hit_before_quorum_is_timeout_and_the_blocking_check_fails(
         raise_on_error=False,
     )
     proposals = result.output_for_node("proposals")
-    assert (proposals["status"] == "timeout").any()
-    decision = result.output_for_node("decision").iloc[0]
-    assert decision["status"] == "TIMEOUT" and decision["winner_id"] is None
+    assert any(p.status is TurnStatus.TIMEOUT for p in proposals)
+    decision = result.output_for_node("decision")
+    assert decision.status is DeliberationStatus.TIMEOUT and decision.winner_id is None
     quorum = next(e for e in result.get_asset_check_evaluations() if e.check_name == "quorum_met")
     assert not quorum.passed and quorum.severity == dg.AssetCheckSeverity.ERROR
     assert not result.success  # the blocking check fails the run: it shows red in the UI

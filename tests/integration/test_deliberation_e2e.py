@@ -11,9 +11,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from fleet_pipelines.assets.deliberation import (
-    materialize_deliberation,
-)
+from fleet_pipelines.assets.deliberation import materialize_deliberation
+from fleet_pipelines.domain.models import DeliberationStatus, TurnKind, TurnStatus
 
 pytestmark = pytest.mark.integration
 
@@ -33,28 +32,27 @@ def test_three_agents_one_round_materialises_every_asset(stack_env, dagster_inst
     assert result.success
 
     proposals = result.output_for_node("proposals")
-    assert list(proposals["agent_id"]) == ["agent-dev-001", "agent-dev-002", "agent-dev-003"]
-    assert (proposals["status"] == "completed").all()
-    assert proposals["content"].str.strip().str.len().min() > 0
-    assert (proposals["tokens_out"] > 0).all()
+    agents = [p.agent_id for p in proposals]
+    assert agents == ["agent-dev-001", "agent-dev-002", "agent-dev-003"]
+    assert all(p.status is TurnStatus.COMPLETED and p.content.strip() and p.tokens_out > 0 for p in proposals)
 
     reviews = result.output_for_node("reviews")
-    critiques = reviews[reviews["kind"] == "critique"]
-    revisions = reviews[reviews["kind"] == "revise"]
+    critiques = [r for r in reviews if r.kind is TurnKind.CRITIQUE]
+    revisions = [r for r in reviews if r.kind is TurnKind.REVISE]
     assert len(critiques) == 6  # every agent critiques both peers
-    assert set(zip(critiques["agent_id"], critiques["target_agent_id"], strict=True)) == {
-        (a, b) for a in proposals["agent_id"] for b in proposals["agent_id"] if a != b
+    assert {(c.agent_id, c.target_agent_id) for c in critiques} == {
+        (a, b) for a in agents for b in agents if a != b
     }
-    assert len(revisions) == 3 and set(revisions["round"]) == {1}
+    assert len(revisions) == 3 and {r.round for r in revisions} == {1}
 
     scores = result.output_for_node("scores")
-    assert sorted(scores["rank"]) == [1, 2, 3]
-    evidence = json.loads(scores.iloc[0]["evidence"])
-    assert {c["name"] for c in evidence} >= {"code_parses", "requirement_coverage", "sections"}
+    assert sorted(s.agent_id for s in scores) == agents
+    assert {c.name for c in scores[0].checks} >= {"code_parses", "requirement_coverage", "sections"}
 
-    decision = result.output_for_node("decision").iloc[0]
-    assert decision["status"] in {"COMPLETED", "PARTIAL"}
-    assert decision["winner_id"] == scores.iloc[0]["agent_id"]
+    decision = result.output_for_node("decision")
+    assert decision.status in {DeliberationStatus.COMPLETED, DeliberationStatus.PARTIAL}
+    assert [r.agent_id for r in decision.ranking] and decision.winner_id == decision.ranking[0].agent_id
+    assert decision.ranking[0].score == max(s.score for s in scores)
 
     # Every asset of the partition is materialised in the instance, with UI metadata.
     for name in ["deliberation_task", "proposals", "reviews", "scores", "decision"]:
@@ -65,8 +63,8 @@ def test_three_agents_one_round_materialises_every_asset(stack_env, dagster_inst
     ).asset_materialization.metadata
     assert "agent-dev-001" in proposal_meta["preview"].value
     assert len(proposal_meta["turns"].value.records) == 3
-    # The IO manager wrote Parquet under the configured base path.
-    assert (Path(os.environ["FLEET_STORAGE_PATH"]) / "decision" / f"{task_id}.parquet").exists()
+    # The IO manager wrote the domain objects under the configured base path.
+    assert (Path(os.environ["FLEET_STORAGE_PATH"]) / "decision" / f"{task_id}.json").exists()
 
 
 def test_invalid_task_config_fails_with_a_precise_message(stack_env, dagster_instance):

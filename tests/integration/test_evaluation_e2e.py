@@ -30,7 +30,7 @@ CONFIG = {
 def test_tiny_evaluation_runs_every_arm_and_reports(stack_env, dagster_instance):
     # An earlier partition of the same problems and model where every arm passed everything: the
     # drop check must flag every arm that now scores below 1.0 by more than the tolerance.
-    model = stack_env["council"].llm.model
+    model = stack_env["turn_runner"].model_name
     dagster_instance.report_runless_asset_event(
         dg.AssetMaterialization(
             asset_key="evaluation",

@@ -3,14 +3,11 @@ scores differ between proposals and every check carries its evidence; asset chec
 
 from __future__ import annotations
 
-import json
-
 import dagster as dg
 import pytest
 
-from fleet_pipelines.assets.deliberation import (
-    materialize_deliberation,
-)
+from fleet_pipelines.assets.deliberation import materialize_deliberation
+from fleet_pipelines.domain.models import DeliberationStatus
 
 pytestmark = pytest.mark.integration
 
@@ -31,10 +28,10 @@ def test_scores_are_read_off_the_proposals_with_evidence(stack_env, dagster_inst
     result = materialize_deliberation(dagster_instance, stack_env, task_id, TASK_CONFIG)
     assert result.success
     scores = result.output_for_node("scores")
-    assert len(scores) == 3 and sorted(scores["rank"]) == [1, 2, 3]
-    assert scores["score"].nunique() > 1, scores[["agent_id", "score"]]
-    for row in scores.to_dict("records"):
-        checks = {c["name"]: c for c in json.loads(row["evidence"])}
+    assert len(scores) == 3
+    assert len({s.score for s in scores}) > 1, [(s.agent_id, s.score) for s in scores]
+    for score in scores:
+        checks = {c.name: c.model_dump() for c in score.checks}
         assert set(checks) >= {"code_parses", "lint", "tests", "requirement_coverage", "judge"}
         assert all(c["evidence"] for c in checks.values())
         assert checks["tests"]["ran"].startswith("sandbox") or checks["tests"]["value"] == 0.0
@@ -52,5 +49,6 @@ def test_scores_are_read_off_the_proposals_with_evidence(stack_env, dagster_inst
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert evaluations["quorum_met"].passed
     assert "winner_passes_checks" in evaluations
-    decision = result.output_for_node("decision").iloc[0]
-    assert decision["status"] == "COMPLETED" and decision["winner_id"] == scores.iloc[0]["agent_id"]
+    decision = result.output_for_node("decision")
+    best = max(scores, key=lambda s: s.score)
+    assert decision.status is DeliberationStatus.COMPLETED and decision.ranking[0].score == best.score

@@ -15,8 +15,9 @@ from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import (
     materialize_deliberation,
 )
-from fleet_pipelines.definitions import build_resources
+from fleet_pipelines.domain.models import TurnStatus
 from fleet_pipelines.events.streams import STREAMS
+from fleet_pipelines.settings import FleetSettings
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +67,7 @@ def _stream_bodies(resource) -> list[bytes]:
 
 
 def test_secrets_stay_out_of_config_logs_and_events(secured_stack: Path, dagster_instance):
-    resources = build_resources()
+    resources = FleetSettings.from_env().resources()
     # What the UI shows of the resources: EnvVar references, never values.
     shown = json.dumps(
         {k: v.model_dump() if hasattr(v, "model_dump") else repr(v) for k, v in resources.items()},
@@ -79,7 +80,7 @@ def test_secrets_stay_out_of_config_logs_and_events(secured_stack: Path, dagster
     config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 2, "rounds": 0}
     result = materialize_deliberation(dagster_instance, resources, task_id, config)
     assert result.success  # both servers enforce their secret: the run used them
-    assert (result.output_for_node("proposals")["status"] == "completed").all()
+    assert all(p.status is TurnStatus.COMPLETED for p in result.output_for_node("proposals"))
 
     run = dagster_instance.get_run_by_id(result.run_id)
     assert LLM_KEY not in json.dumps(run.run_config) and NATS_TOKEN not in json.dumps(run.run_config)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_pipelines.definitions import deliberation_job
-from fleet_pipelines.sensors import build_event_sensors
+from fleet_pipelines.assets.deliberation import deliberation_job
 from fleet_pipelines.sensors.planning import build_planning_sensor
+from fleet_pipelines.settings import FleetSettings
 from tests.integration.test_sensor_planning import publish_raw, tick
 from tests.unit.test_events import ENVELOPED, LEGACY
 
@@ -32,5 +32,5 @@ def test_start_at_end_skips_retained_plans_then_runs_new_ones(
 
 def test_an_unknown_start_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FLEET_PLANNING_START", "latest")
-    with pytest.raises(ValueError, match="FLEET_PLANNING_START must be one of"):
-        build_event_sensors(deliberation_job)
+    with pytest.raises(ValueError, match="FLEET_PLANNING_START\n  Input should be 'first' or 'end'"):
+        FleetSettings.from_env()

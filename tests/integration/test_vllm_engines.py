@@ -67,14 +67,14 @@ def _deliberate(resources: dict, instance: dg.DagsterInstance, task_id: str) -> 
 def _assert_deliberation_completed(result: dg.ExecuteInProcessResult) -> None:
     assert result.success
     proposals = result.output_for_node("proposals")
-    assert list(proposals["agent_id"]) == ["agent-dev-001", "agent-dev-002"]
-    assert (proposals["status"] == "completed").all()
-    assert (proposals["model"] == MODEL_NAME).all()
-    assert (proposals["tokens_out"] > 0).all()
+    assert [p.agent_id for p in proposals] == ["agent-dev-001", "agent-dev-002"]
+    assert all(
+        p.status is TurnStatus.COMPLETED and p.model == MODEL_NAME and p.tokens_out > 0 for p in proposals
+    )
     reviews = result.output_for_node("reviews")
-    assert set(reviews["kind"]) == {"critique", "revise"}
-    decision = result.output_for_node("decision").iloc[0]
-    assert decision["status"] in {"COMPLETED", "PARTIAL"}
+    assert {r.kind for r in reviews} == {TurnKind.CRITIQUE, TurnKind.REVISE}
+    decision = result.output_for_node("decision")
+    assert decision.status.value in {"COMPLETED", "PARTIAL"}
 
 
 class TestOpenAIServer:
@@ -137,10 +137,10 @@ class TestOpenAIServer:
         monkeypatch.setenv("FLEET_LLM_MODEL", MODEL_NAME)
         monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
         monkeypatch.setenv("FLEET_MAX_TOKENS", str(MAX_TOKENS))
-        from fleet_pipelines.definitions import build_resources
+        from fleet_pipelines.settings import FleetSettings
 
-        resources = build_resources()
-        assert resources["council"].engine_backend == "openai"
+        resources = FleetSettings.from_env().resources()
+        assert resources["turn_runner"].engine.backend == "openai"
         _assert_deliberation_completed(_deliberate(resources, dagster_instance, "vllm-server-add-1"))
 
 
@@ -171,19 +171,19 @@ class TestRayActor:
                 "FLEET_LLM_BASE_URL": f"http://127.0.0.1:{stack.free_port()}/v1",
             }.items():
                 mp.setenv(name, value)
-            from fleet_pipelines.definitions import build_resources
+            from fleet_pipelines.settings import FleetSettings
 
-            resources = build_resources()
+            resources = FleetSettings.from_env().resources()
             ray.init(address=ray_head, ignore_reinit_error=True, log_to_driver=False)
             try:
                 yield resources
             finally:
-                stop_engine_actor(resources["council"].engine_settings())
+                stop_engine_actor(resources["turn_runner"].engine.to_model())
 
     def test_turns_of_three_deliberations_batch_on_one_engine(self, actor_resources: dict):
         import ray
 
-        settings = actor_resources["council"].engine_settings()
+        settings = actor_resources["turn_runner"].engine.to_model()
         assert isinstance(settings, VLLMActorSettings) and settings.num_gpus == 0
         requests = [
             TurnRequest(

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 from pydantic import ValidationError
 
 from fleet_pipelines.domain import prompts
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import current_versions, proposal_requests, review_rounds
-from fleet_pipelines.domain.models import (
-    Constraints,
-    Role,
-    Task,
-    TurnKind,
-    TurnRequest,
-    TurnResult,
-    TurnStatus,
-)
+from fleet_pipelines.domain.models import Constraints, Role, Task, TurnKind, TurnStatus
+from tests.scripted import ScriptedEngine
 
 SETTINGS = CouncilSettings(temperature=0.7, max_tokens=64)
 
@@ -32,40 +23,6 @@ def make_task(**overrides) -> Task:
         "rounds": 1,
     }
     return Task(**{**fields, **overrides})
-
-
-class ScriptedEngine:
-    """Test double of a TurnRunner: answers every turn with text naming it, fails chosen agents."""
-
-    def __init__(self, fail: set[tuple[str, TurnKind]] | None = None, timeout_kind: TurnKind | None = None):
-        self.fail = fail or set()
-        self.timeout_kind = timeout_kind
-        self.batches: list[list[TurnRequest]] = []
-
-    def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
-        self.batches.append(list(requests))
-        results = []
-        for r in requests:
-            if r.kind is self.timeout_kind:
-                results.append(TurnResult.unfinished(r, TurnStatus.TIMEOUT, "deadline", "Timeout"))
-            elif (r.agent_id, r.kind) in self.fail:
-                results.append(TurnResult.unfinished(r, TurnStatus.FAILED, "boom", "InternalServerError"))
-            else:
-                text = f"{r.kind.value} by {r.agent_id} round {r.round} on {r.target_agent_id}"
-                results.append(
-                    TurnResult(
-                        task_id=r.task_id,
-                        agent_id=r.agent_id,
-                        role=r.role,
-                        kind=r.kind,
-                        round=r.round,
-                        target_agent_id=r.target_agent_id,
-                        status=TurnStatus.COMPLETED,
-                        content=text,
-                        tokens_out=len(text.split()),
-                    )
-                )
-        return results
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ import dagster as dg
 import pytest
 
 from fleet_pipelines.assets.evaluation import evaluation_partitions
-from fleet_pipelines.schedules.evaluation import DEFAULT_CRON, build_nightly_evaluation
+from fleet_pipelines.schedules.evaluation import build_nightly_evaluation
+from fleet_pipelines.settings import FleetSettings
 
 
 @pytest.fixture(autouse=True)
@@ -18,24 +19,24 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_off_by_default_with_the_default_cron():
-    schedule = build_nightly_evaluation()
+    schedule = build_nightly_evaluation(FleetSettings.from_env())
     assert schedule.name == "nightly_evaluation"
     assert schedule.default_status is dg.DefaultScheduleStatus.STOPPED
-    assert schedule.cron_schedule == DEFAULT_CRON
+    assert schedule.cron_schedule == "0 2 * * *"
     assert schedule.job_name == "evaluation_job"
 
 
 def test_env_turns_it_on_with_a_cron_from_config(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FLEET_EVAL_SCHEDULE", "on")
     monkeypatch.setenv("FLEET_EVAL_CRON", "30 3 * * 1-5")
-    schedule = build_nightly_evaluation()
+    schedule = build_nightly_evaluation(FleetSettings.from_env())
     assert schedule.default_status is dg.DefaultScheduleStatus.RUNNING
     assert schedule.cron_schedule == "30 3 * * 1-5"
 
 
 def test_a_tick_requests_that_day_s_partition_with_the_configured_sample(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FLEET_EVAL_SAMPLE_SIZE", "7")
-    schedule = build_nightly_evaluation()
+    schedule = build_nightly_evaluation(FleetSettings.from_env())
     with dg.instance_for_test() as instance:
         context = dg.build_schedule_context(
             instance=instance, scheduled_execution_time=datetime(2026, 3, 14, 2, 0, tzinfo=UTC)

@@ -1,0 +1,69 @@
+"""Where an engine is and how to call it: plain values that travel to Ray workers.
+
+Kept apart from the clients (openai, ray, vllm) so that configuration imports none of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+
+class EngineSettings(BaseModel):
+    """Where the engine is and how patiently to call it. Travels to Ray workers as a value."""
+
+    model_config = ConfigDict(frozen=True)
+
+    base_url: str = Field(
+        description="Engine base URL, e.g. http://127.0.0.1:8080/v1 (`/v1` is added if missing)."
+    )
+    model: str = Field(description="Model name sent with each request (vLLM: the served model name).")
+    api_key: SecretStr = Field(default=SecretStr("not-needed"), description="Engine API key.")
+    request_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of one HTTP request.")
+    max_attempts: int = Field(
+        default=3, ge=1, le=10, description="Attempts per turn on transient errors (5xx, 429, refused)."
+    )
+    backoff_initial_s: float = Field(default=0.5, ge=0, description="First retry backoff (exponential).")
+    backoff_max_s: float = Field(default=8.0, ge=0, description="Longest retry backoff.")
+
+
+class VLLMActorSettings(BaseModel):
+    """The engine the actor loads and what it reserves on the cluster. Travels to Ray as a value."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str = Field(description="HF model folder (safetensors + tokenizer) or hub id vLLM loads.")
+    served_model_name: str = Field(description="Model name recorded on every turn.")
+    num_gpus: float = Field(
+        default=1, ge=0, description="GPUs reserved by the actor (tensor parallel over them); 0 on CPU."
+    )
+    num_cpus: float = Field(default=1, gt=0, description="CPUs reserved by the actor.")
+    dtype: str = Field(default="auto", description="vLLM dtype; float32 on CPU (bf16 gave garbage).")
+    enforce_eager: bool = Field(default=False, description="Skip graph compilation (needed on CPU).")
+    max_model_len: int = Field(default=4096, gt=0, description="Context length of one request.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="GPU memory share.")
+    cpu_kvcache_space_gib: int | None = Field(
+        default=None, description="VLLM_CPU_KVCACHE_SPACE for CPU engines (GiB of KV cache)."
+    )
+    cache_root: str | None = Field(default=None, description="VLLM_CACHE_ROOT of the actor process.")
+    namespace: str = Field(default="fleet", description="Ray namespace of the named actor.")
+    max_concurrency: int = Field(default=256, ge=1, description="Calls the actor accepts at once.")
+    request_timeout_s: float = Field(default=300.0, gt=0, description="Deadline of one generation.")
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return max(1, math.floor(self.num_gpus))
+
+    def actor_name(self) -> str:
+        digest = hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+        return f"fleet-vllm-{digest}"
+
+    def runtime_env(self) -> dict[str, Any]:
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": self.cpu_kvcache_space_gib,
+            "VLLM_CACHE_ROOT": self.cache_root,
+        }
+        return {"env_vars": {k: str(v) for k, v in env.items() if v is not None}}

@@ -1,0 +1,90 @@
+"""The scripted engine: a TurnRunner double that answers every turn at once, without an engine.
+
+`ScriptedEngine` serves the domain tests (a callable TurnRunner); `ScriptedTurnRunner` is the
+same as the `turn_runner` resource, so a whole deliberation_job runs in a unit test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from pydantic import Field, PrivateAttr
+
+from fleet_pipelines.domain.models import TurnKind, TurnRequest, TurnResult, TurnStatus
+from fleet_pipelines.resources.turns import TurnRunnerResource
+
+
+class ScriptedEngine:
+    """Answers each turn with text naming it (proposals and revisions add `code` as a Python
+    block; the judge gives `judge_score`), fails chosen (agent, kind) pairs, times out one kind."""
+
+    def __init__(
+        self,
+        fail: set[tuple[str, TurnKind]] | None = None,
+        timeout_kind: TurnKind | None = None,
+        code: str = "",
+        judge_score: float = 7,
+    ):
+        self.fail = fail or set()
+        self.timeout_kind = timeout_kind
+        self.code = code
+        self.judge_score = judge_score
+        self.batches: list[list[TurnRequest]] = []
+
+    def text(self, r: TurnRequest) -> str:
+        if r.kind is TurnKind.JUDGE:
+            return json.dumps(
+                {"score": self.judge_score, "rationale": f"scripted verdict on {r.target_agent_id}"}
+            )
+        text = f"{r.kind.value} by {r.agent_id} round {r.round} on {r.target_agent_id}"
+        if self.code and r.kind in (TurnKind.PROPOSE, TurnKind.REVISE):
+            text += f"\n\n```python\n{self.code}\n```\n"
+        return text
+
+    def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        self.batches.append(list(requests))
+        results = []
+        for r in requests:
+            if r.kind is self.timeout_kind:
+                results.append(TurnResult.unfinished(r, TurnStatus.TIMEOUT, "deadline", "Timeout"))
+            elif (r.agent_id, r.kind) in self.fail:
+                results.append(TurnResult.unfinished(r, TurnStatus.FAILED, "boom", "InternalServerError"))
+            else:
+                text = self.text(r)
+                results.append(
+                    TurnResult(
+                        task_id=r.task_id,
+                        agent_id=r.agent_id,
+                        role=r.role,
+                        kind=r.kind,
+                        round=r.round,
+                        target_agent_id=r.target_agent_id,
+                        status=TurnStatus.COMPLETED,
+                        content=text,
+                        model="scripted",
+                        temperature=r.temperature,
+                        tokens_out=len(text.split()),
+                    )
+                )
+        return results
+
+
+class ScriptedTurnRunner(TurnRunnerResource):
+    """The `turn_runner` resource of unit tests: the scripted engine in place of Ray and an engine."""
+
+    code: str = Field(default="", description="Python each proposal and revision carries.")
+    judge_score: float = Field(default=7, description="The judge's score of every proposal (0-10).")
+    fail_agents: list[str] = Field(default_factory=list, description="Agents whose every turn fails.")
+    _engine: ScriptedEngine = PrivateAttr()
+
+    def setup_for_execution(self, context) -> None:
+        fail = {(agent, kind) for agent in self.fail_agents for kind in TurnKind}
+        self._engine = ScriptedEngine(fail=fail, code=self.code, judge_score=self.judge_score)
+
+    @property
+    def model_name(self) -> str:
+        return "scripted"
+
+    def run_turns(self, requests: Sequence[TurnRequest], deadline: float | None) -> list[TurnResult]:
+        return self._engine(requests)
