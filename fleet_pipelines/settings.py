@@ -66,6 +66,11 @@ class FleetSettings(BaseModel):
         default="openai", validation_alias=_env("FLEET_ENGINE_BACKEND")
     )
     vllm_model: str | None = Field(default=None, validation_alias=_env("FLEET_VLLM_MODEL"))
+    model_source: str | None = Field(
+        default=None,
+        validation_alias=_env("FLEET_MODEL_SOURCE"),
+        description="Object-store URL of the served model folder (`fleet model pull`).",
+    )
     vllm_num_gpus: float | None = Field(default=None, validation_alias=_env("FLEET_VLLM_NUM_GPUS"))
     vllm_num_cpus: float | None = Field(default=None, validation_alias=_env("FLEET_VLLM_NUM_CPUS"))
     vllm_dtype: str | None = Field(default=None, validation_alias=_env("FLEET_VLLM_DTYPE"))

@@ -203,3 +203,76 @@ def fleet_dev(root: Path, max_tokens: int, timeout_s: float = 240) -> Iterator[D
     finally:
         os.killpg(process.pid, signal.SIGINT)
         process.wait(90)
+
+
+@dataclass(frozen=True)
+class DevPorts:
+    ui: int = 3000
+    model: int = 8080
+    ray: int = 6380
+    nats: int = 4223  # not 4222: a machine's own NATS often holds that one (use it through NATS_URL)
+
+
+def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Path) -> int:
+    """The local stack in the foreground: NATS (unless NATS_URL is set), the model server, a Ray
+    head and `dagster dev`, each in its own process group. Returns when one of them exits (1),
+    or on Ctrl-C / SIGTERM (0), after stopping all of them in reverse order."""
+    log_dir = state_dir / "logs"
+    external_nats = bool(os.environ.get("NATS_URL"))
+    wanted = {"--port": ports.ui, "--model-port": ports.model, "--ray-port": ports.ray}
+    if not external_nats:
+        wanted["--nats-port"] = ports.nats
+    busy = [f"{flag} {port}" for flag, port in wanted.items() if port_open("127.0.0.1", port)]
+    if busy:
+        print(
+            f"fleet dev: port(s) in use: {', '.join(busy)}; pass other ports (make dev DEV_ARGS='…') "
+            "or stop what holds them",
+            file=sys.stderr,
+        )
+        return 1
+    services: list[Service] = []
+    stopping = False
+
+    def stop_all(*_: object) -> None:
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        print("\nstopping the local stack…", flush=True)
+        for service in reversed(services):
+            service.stop()
+
+    signal.signal(signal.SIGTERM, lambda *_: stop_all())
+    try:
+        print(f"logs in {log_dir}", flush=True)
+        if not external_nats:
+            services.append(start_nats(log_dir, ports.nats, state_dir / "nats"))
+            os.environ["NATS_URL"] = f"nats://127.0.0.1:{ports.nats}"
+        print(f"nats: {os.environ['NATS_URL']}", flush=True)
+        services.append(start_model_server(log_dir, ports.model))
+        os.environ.setdefault("FLEET_LLM_BASE_URL", f"http://127.0.0.1:{ports.model}/v1")
+        print(f"model server: {os.environ['FLEET_LLM_BASE_URL']}", flush=True)
+        services.append(start_ray_head(log_dir, ports.ray))
+        os.environ["RAY_ADDRESS"] = f"127.0.0.1:{ports.ray}"
+        print(f"ray head: {os.environ['RAY_ADDRESS']}", flush=True)
+        dagster_argv = [str(Path(sys.executable).with_name("dagster")), "dev"]
+        dagster_argv += ["-w", str(repo_root / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(ports.ui)]
+        dagster = launch("dagster", dagster_argv, log_dir, env={"DAGSTER_HOME": str(dagster_home)})
+        services.append(dagster)
+        dagster.wait_ready(lambda: http_ok(f"http://127.0.0.1:{ports.ui}/server_info"), 180)
+        print(f"dagster UI: http://127.0.0.1:{ports.ui}  (Ctrl-C stops everything)", flush=True)
+        while not stopping:
+            for service in services:
+                if service.process.poll() is not None:
+                    raise RuntimeError(
+                        f"{service.name} exited ({service.process.returncode}); see {service.log_path}"
+                    )
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"fleet dev: {exc}", file=sys.stderr)
+        stop_all()
+        return 1
+    stop_all()
+    return 0

@@ -19,7 +19,7 @@ from pydantic.fields import FieldInfo
 from ..domain.council import build_council
 from ..domain.decision import Decision, decide, rank
 from ..domain.deliberation import current_versions, proposal_requests, review_rounds
-from ..domain.models import Task, TurnKind, TurnResult, flat_task_fields
+from ..domain.models import Task, TurnKind, TurnResult, flat_task_fields, validation_message
 from ..domain.scoring import ProposalScore, gate_failures
 from ..events.outbound import agent_response_events, decision_outcome, deliberation_outcome_event
 from ..events.planning import TAG_CAUSATION, TAG_CORRELATION
@@ -74,12 +74,6 @@ DeliberationConfig = create_model(
 def deliberation_run_config(task_fields: dict) -> dict:
     """Run config of deliberation_job for a task's flat fields (`Task.fields()`)."""
     return {"ops": {"deliberation_task": {"config": task_fields}}}
-
-
-def validation_message(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'task'}: {err['msg']}" for err in exc.errors()
-    )
 
 
 def build_task(task_id: str, fields: dict) -> Task:

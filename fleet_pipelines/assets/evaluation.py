@@ -7,42 +7,19 @@ problems with the same model and council shape.
 """
 
 import base64
-import hashlib
-import io
-import json
 from typing import cast
 
 import dagster as dg
-import pandas as pd
 from pydantic import Field
 
-from ..domain import evaluation as ev
-from ..evaluation.runner import EvaluationSettings, run_problems
-from ..evaluation.suites import Split, get_suite, sample_problems
 from ..resources.council import CouncilResource
 from ..resources.turns import RayTurnRunner
 from .previews import table
 
-GROUP = "evaluation"
 DROP_CHECK = "no_drop_vs_previous_partition"
-evaluation_partitions = dg.DailyPartitionsDefinition(start_date="2025-01-01", end_offset=1)
 
-SUMMARY_COLUMNS = [
-    "split",
-    "arm",
-    "problems",
-    "solved",
-    "pass_at_1",
-    "oracle",
-    "one_sample",
-    "selection_efficiency",
-    "tokens_in_per_problem",
-    "tokens_out_per_problem",
-    "calls_per_problem",
-    "wall_s_per_problem",
-    "tokens_per_solved",
-    "wall_s_per_solved",
-]
+GROUP = "evaluation"
+evaluation_partitions = dg.DailyPartitionsDefinition(start_date="2025-01-01", end_offset=1)
 
 
 class EvaluationConfig(dg.Config):
@@ -68,163 +45,6 @@ class EvaluationConfig(dg.Config):
     )
 
 
-def outcomes_to_frame(outcomes: list[ev.ArmOutcome], splits: dict[str, str], partition: str) -> pd.DataFrame:
-    rows = []
-    for o in outcomes:
-        chosen = o.candidates[o.selected] if o.selected is not None else None
-        rows.append(
-            {
-                "partition": partition,
-                "split": splits[o.problem_id],
-                "problem_id": o.problem_id,
-                "arm": o.arm.value,
-                "passed": o.passed,
-                "oracle": o.oracle,
-                "one_sample": o.one_sample,
-                "candidates": len(o.candidates),
-                "selected_agent": chosen.agent_id if chosen else None,
-                "selected_examples_passed": chosen.examples_passed if chosen else 0,
-                "examples_total": o.candidates[0].examples_total if o.candidates else 0,
-                "tokens_in": o.tokens_in,
-                "tokens_out": o.tokens_out,
-                "calls": o.calls,
-                "failed_calls": o.failed_calls,
-                "wall_s": o.wall_s,
-                "candidate_details": json.dumps([c.model_dump() for c in o.candidates]),
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def summary_frame(outcomes: list[ev.ArmOutcome], splits: dict[str, str]) -> pd.DataFrame:
-    """Per-arm metrics for each split present and for all problems together."""
-    groups = {"all": outcomes}
-    for split in sorted(set(splits.values())):
-        groups[split] = [o for o in outcomes if splits[o.problem_id] == split]
-    if len(groups) == 2:  # one split only: "all" repeats it
-        groups.pop("all")
-    rows = [
-        {"split": name, **ev.summarize_arm(arm, group).model_dump(mode="json")}
-        for name, group in groups.items()
-        for arm in ev.Arm
-    ]
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "–" if value is None or pd.isna(value) else f"{value:.{digits}f}"
-
-
-def report_markdown(summary: pd.DataFrame, comparisons: list[ev.PairedComparison], header: str) -> str:
-    lines = [header, ""]
-    for split, rows in summary.groupby("split", sort=False):
-        lines += [
-            f"### {split}",
-            "",
-            "| arm | pass@1 | solved | oracle | one sample | sel. eff. | tok in/pb | tok out/pb "
-            "| calls/pb | wall s/pb | tok/solved | wall s/solved |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in rows.to_dict("records"):
-            lines.append(
-                f"| {ev.ARM_LABELS[ev.Arm(r['arm'])]} | {_fmt(r['pass_at_1'])} "
-                f"| {r['solved']}/{r['problems']} "
-                f"| {_fmt(r['oracle'])} | {_fmt(r['one_sample'])} | {_fmt(r['selection_efficiency'])} "
-                f"| {_fmt(r['tokens_in_per_problem'], 0)} | {_fmt(r['tokens_out_per_problem'], 0)} "
-                f"| {_fmt(r['calls_per_problem'], 1)} | {_fmt(r['wall_s_per_problem'], 1)} "
-                f"| {_fmt(r['tokens_per_solved'], 0)} | {_fmt(r['wall_s_per_solved'], 1)} |"
-            )
-        lines.append("")
-    lines += ["### paired comparisons (all problems)", ""]
-    for c in comparisons:
-        lines.append(
-            f"- **{c.first.value} vs {c.second.value}**: difference {c.difference:+.3f}, "
-            f"{c.confidence:.0%} bootstrap interval [{c.ci_low:+.3f}, {c.ci_high:+.3f}], "
-            f"exact McNemar p = {c.mcnemar_p:.3g} (only {c.first.value}: {c.only_first}, "
-            f"only {c.second.value}: {c.only_second}, both: {c.both}, neither: {c.neither})"
-        )
-    return "\n".join(lines)
-
-
-def plot_png(summary: pd.DataFrame, title: str) -> bytes:
-    """Pass@1 (filled) and oracle (hollow) of each arm against its tokens per problem."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    rows = summary[summary["split"] == summary["split"].iloc[0]]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
-    for r in rows.to_dict("records"):
-        tokens = r["tokens_in_per_problem"] + r["tokens_out_per_problem"]
-        line = ax.plot(tokens, r["pass_at_1"], "o", markersize=9, label=ev.ARM_LABELS[ev.Arm(r["arm"])])
-        ax.plot(tokens, r["oracle"], "o", markersize=9, mfc="none", color=line[0].get_color())
-        ax.annotate(r["arm"], (tokens, r["pass_at_1"]), textcoords="offset points", xytext=(6, 4))
-    ax.set_xscale("log")
-    ax.set_xlabel("tokens (in + out) per problem")
-    ax.set_ylabel("pass@1 (filled) · oracle (hollow)")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
-
-
-def fingerprint(
-    problem_ids: list[str], model: str, suite: str, num_agents: int, rounds: int, max_tokens: int
-) -> str:
-    """What makes two partitions comparable: same problems, model and council shape."""
-    key = json.dumps([suite, problem_ids, model, num_agents, rounds, max_tokens])
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def _previous(context: dg.AssetExecutionContext, key: str) -> tuple[str, dict[ev.Arm, float]] | None:
-    """pass@1 per arm of the latest earlier partition with the same fingerprint."""
-    records = context.instance.fetch_materializations(context.asset_key, limit=200).records
-    for record in records:
-        partition = record.partition_key
-        metadata = record.asset_materialization.metadata if record.asset_materialization else {}
-        if partition is None or partition >= context.partition_key:
-            continue
-        if metadata.get("fingerprint") is None or metadata["fingerprint"].value != key:
-            continue
-        return partition, {arm: metadata[f"pass_at_1_{arm.value}"].value for arm in ev.Arm}
-    return None
-
-
-def drop_check(
-    context: dg.AssetExecutionContext, key: str, current: dict[ev.Arm, float], tolerance: float
-) -> dg.AssetCheckResult:
-    previous = _previous(context, key)
-    if previous is None:
-        return dg.AssetCheckResult(
-            check_name=DROP_CHECK,
-            passed=True,
-            metadata={"compared_with": "no earlier partition evaluated the same problems and model"},
-        )
-    partition, before = previous
-    fallen = ev.drops(before, current, tolerance)
-    return dg.AssetCheckResult(
-        check_name=DROP_CHECK,
-        passed=not fallen,
-        severity=dg.AssetCheckSeverity.WARN,
-        description=(
-            "; ".join(f"arm {d.arm.value}: {d.previous:.3f} -> {d.current:.3f}" for d in fallen)
-            or f"no arm fell by more than {tolerance:.3f}"
-        ),
-        metadata={
-            "compared_with": partition,
-            "tolerance": tolerance,
-            **{f"previous_{arm.value}": before[arm] for arm in ev.Arm},
-            **{f"current_{arm.value}": current[arm] for arm in ev.Arm},
-        },
-    )
-
-
 @dg.asset(
     partitions_def=evaluation_partitions,
     group_name=GROUP,
@@ -240,6 +60,20 @@ def evaluation(
 ):
     """Arms A (greedy), B (k samples + selector at D's token budget), C (N proposals + selector)
     and D (council + selector) on the hidden tests of a benchmark sample."""
+    # Imported here: the code location loads without numpy, pandas and Ray.
+    from ..domain import evaluation as ev
+    from ..evaluation.report import (
+        SUMMARY_COLUMNS,
+        drop_check,
+        fingerprint,
+        outcomes_to_frame,
+        plot_png,
+        report_markdown,
+        summary_frame,
+    )
+    from ..evaluation.runner import EvaluationSettings, run_problems
+    from ..evaluation.suites import Split, get_suite, sample_problems
+
     suite = get_suite(config.suite)
     if config.split not in ("dev", "test", "all"):
         raise dg.Failure(description=f"split must be dev, test or all, not {config.split!r}")
@@ -301,7 +135,7 @@ def evaluation(
         "fingerprint": key,
         **{f"pass_at_1_{arm.value}": float(overall[arm]) for arm in ev.Arm},
     }
-    check = drop_check(context, key, overall, config.drop_tolerance)
+    check = drop_check(context, DROP_CHECK, key, overall, config.drop_tolerance)
     yield dg.Output(df, metadata=metadata)
     yield check
 

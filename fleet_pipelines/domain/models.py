@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from pydantic.fields import FieldInfo
 
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -137,6 +137,13 @@ class Task(BaseModel):
 
 
 CONSTRAINT_FIELDS = frozenset(Constraints.model_fields)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """Every invalid field of a task, as `field.path: message`."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'task'}: {err['msg']}" for err in exc.errors()
+    )
 
 
 def flat_task_fields() -> dict[str, tuple[Any, FieldInfo]]:

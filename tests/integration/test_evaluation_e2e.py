@@ -9,8 +9,9 @@ import re
 import dagster as dg
 import pytest
 
-from fleet_pipelines.assets.evaluation import DROP_CHECK, evaluation, fingerprint
+from fleet_pipelines.assets.evaluation import DROP_CHECK, evaluation
 from fleet_pipelines.domain.evaluation import Arm
+from fleet_pipelines.evaluation.report import fingerprint
 
 pytestmark = pytest.mark.integration
 

@@ -1,0 +1,30 @@
+"""`fleet dev`: the local stack in the foreground (stack.run_dev supervises it)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command(
+    help="Start the local stack (NATS, model server, Ray head, Dagster UI + daemon); Ctrl-C stops it."
+)
+@click.option("--port", type=int, default=3000, show_default=True, help="Dagster UI port")
+@click.option("--model-port", type=int, default=8080, show_default=True)
+@click.option("--ray-port", type=int, default=6380, show_default=True)
+@click.option(
+    "--nats-port",
+    type=int,
+    default=4223,
+    show_default=True,
+    help="embedded nats-server port (not started if NATS_URL is set; 4222 is often the machine's own)",
+)
+def dev(port: int, model_port: int, ray_port: int, nats_port: int) -> None:
+    from .. import stack
+    from ..settings import FleetSettings
+    from .common import REPO_ROOT, dagster_home
+
+    home = dagster_home()
+    ports = stack.DevPorts(ui=port, model=model_port, ray=ray_port, nats=nats_port)
+    sys.exit(stack.run_dev(ports, FleetSettings.from_env().state_path, home, REPO_ROOT))

@@ -1,0 +1,72 @@
+"""`fleet nats init|rejected|redrive`: the JetStream streams and the planning dead letters."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .common import EXIT_USAGE
+
+
+@click.group(help="NATS JetStream (NATS_URL).")
+def nats() -> None:
+    pass
+
+
+@nats.command(help="Create or update the streams; never deletes data.")
+def init() -> None:
+    from ..events.bus import NatsError
+    from ..settings import FleetSettings
+
+    try:
+        changes = FleetSettings.from_env().nats().ensure_streams()
+    except NatsError as exc:
+        click.echo(f"fleet nats init: {exc}", err=True)
+        sys.exit(1)
+    for name, change in changes.items():
+        click.echo(f"{name}: {change.value}")
+
+
+@nats.command(help="List planning messages the sensor rejected, with reasons.")
+@click.option("--json", "as_json", is_flag=True, help="one dead-letter payload per line")
+def rejected(as_json: bool) -> None:
+    from ..events.bus import NatsError
+    from ..events.redrive import dead_letters
+    from ..settings import FleetSettings
+
+    try:
+        found = FleetSettings.from_env().nats().session(dead_letters)
+    except NatsError as exc:
+        click.echo(f"fleet nats rejected: {exc}", err=True)
+        sys.exit(1)
+    for d in found:
+        click.echo(d.model_dump_json() if as_json else f"seq {d.stream_sequence}: {d.reason}")
+
+
+@nats.command(help="Republish a rejected planning message (as it was, or corrected with --file).")
+@click.argument("seq", type=int)
+@click.option(
+    "--file",
+    "fixed",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="the corrected message (JSON) to publish instead of the original",
+)
+def redrive(seq: int, fixed: Path | None) -> None:
+    """SEQ: its PLANNING_EVENTS sequence (see `fleet nats rejected`)."""
+    from ..events.bus import NatsError
+    from ..events.planning import InvalidEvent
+    from ..events.redrive import redrive as redrive_message
+    from ..settings import FleetSettings
+
+    body = fixed.read_bytes() if fixed else None
+    try:
+        new_seq = FleetSettings.from_env().nats().session(lambda s: redrive_message(s, seq, body))
+    except (LookupError, InvalidEvent) as exc:
+        click.echo(f"fleet nats redrive: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except NatsError as exc:
+        click.echo(f"fleet nats redrive: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"re-driven: seq {seq} -> planning.plan.approved seq {new_seq}")

@@ -1,0 +1,73 @@
+"""`fleet result`: a task's status and results (events/results.py looks them up)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+EXIT_RESULT = {
+    "COMPLETED": 0,
+    "PARTIAL": 0,
+    "PENDING": 0,
+    "IN_PROGRESS": 0,
+    "FAILED": 1,
+    "TIMEOUT": 1,
+    "NOT_FOUND": 3,
+}
+EXIT_WAIT_EXPIRED = 4
+
+
+@click.command(
+    help="A task's status (PENDING, IN_PROGRESS, COMPLETED, PARTIAL, FAILED, TIMEOUT, NOT_FOUND). "
+    "Exit codes: 0 COMPLETED/PARTIAL/PENDING/IN_PROGRESS, 1 FAILED/TIMEOUT, 3 NOT_FOUND, "
+    "4 --wait expired before a final status."
+)
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+@click.option("--wait", type=float, default=0.0, help="poll up to SECONDS for a final status")
+def result(task_id: str, as_json: bool, wait: float) -> None:
+    import dagster as dg
+
+    from ..events.bus import NatsError
+    from ..events.results import TERMINAL, find_task_in_stream, task_result
+    from ..resources.io import read_stored
+    from ..settings import FleetSettings
+    from .common import dagster_home
+
+    dagster_home()
+    settings = FleetSettings.from_env()
+    nats = settings.nats()
+
+    def find_in_stream(task_id: str) -> int | None:
+        try:
+            return nats.session(lambda session: find_task_in_stream(session, task_id), ensure_streams=False)
+        except NatsError:
+            return None
+
+    def load_decision(task_id: str):
+        return read_stored(settings.storage, "decision", task_id)
+
+    instance = dg.DagsterInstance.get()
+    deadline = time.monotonic() + wait
+    while True:
+        found = task_result(instance, task_id, load_decision, find_in_stream)
+        if found.status in TERMINAL or time.monotonic() >= deadline:
+            break
+        time.sleep(1)
+    if as_json:
+        click.echo(found.model_dump_json(indent=2))
+    else:
+        click.echo(f"task {found.task_id}: {found.status.value}\n  {found.detail}")
+        if found.winner_id:
+            click.echo(f"winner: {found.winner_id}")
+        for r in found.ranking:
+            click.echo(f"  {r['rank']}. {r['agent_id']}  score {r['score']:.3f}")
+        for reason in found.reasons:
+            click.echo(f"  - {reason}")
+        if found.winner_content:
+            click.echo(f"\n--- winning proposal ---\n{found.winner_content}")
+    if wait and found.status not in TERMINAL and found.status.value != "NOT_FOUND":
+        sys.exit(EXIT_WAIT_EXPIRED)
+    sys.exit(EXIT_RESULT[found.status.value])

@@ -1,0 +1,62 @@
+"""The task options of `fleet run` and `fleet deliberate`: tests and examples reach the task."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from fleet_pipelines.cli import fleet
+from fleet_pipelines.events.planning import plan_deliberations
+from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM
+from fleet_pipelines.resources.events import NatsResource
+
+
+def published_plans(nats_url: str) -> list:
+    async def read(session):
+        return [
+            m
+            async for m in session.read_after(PLANNING_STREAM, PLAN_APPROVED, 0, 1_000, time.monotonic() + 5)
+        ]
+
+    return [p for m in NatsResource(url=nats_url).session(read) for p in plan_deliberations(m)]
+
+
+def test_deliberate_carries_tests_and_examples_into_the_task(tmp_path: Path, nats_server: str):
+    tests = tmp_path / "test_add.py"
+    tests.write_text("def test_add():\n    assert add(2, 3) == 5\n")
+    args = [
+        "deliberate",
+        "Write add(a, b).",
+        "--role",
+        "qa",
+        "--tests",
+        str(tests),
+        "--task-id",
+        "cli-tests-1",
+    ]
+    args += ["--example", "add(2, 2) => 4", "--example", "add('a', 'b') => 'ab'"]
+    done = CliRunner().invoke(fleet, args, env={"NATS_URL": nats_server})
+    assert done.exit_code == 0, done.output
+    [planned] = [p for p in published_plans(nats_server) if p.task_id == "cli-tests-1"]
+    assert planned.role == "QA"
+    assert planned.task_config["tests"] == tests.read_text()
+    assert planned.task_config["examples"] == [
+        {"call": "add(2, 2)", "expected": "4"},
+        {"call": "add('a', 'b')", "expected": "'ab'"},
+    ]
+
+
+def test_an_example_without_an_arrow_is_a_usage_error(nats_server: str):
+    for verb in ("run", "deliberate"):
+        done = CliRunner().invoke(fleet, [verb, "Write add(a, b).", "--example", "add(2, 2) is 4"])
+        assert done.exit_code == 2 and "expected 'CALL => EXPECTED'" in done.output
+
+
+def test_an_invalid_task_is_refused_before_anything_runs(tmp_path: Path, nats_server: str):
+    done = CliRunner().invoke(
+        fleet, ["run", "Write add(a, b).", "--agents", "11"], env={"FLEET_STATE_DIR": str(tmp_path)}
+    )
+    assert done.exit_code == 2
+    assert "num_agents: Input should be less than or equal to 10" in done.output
