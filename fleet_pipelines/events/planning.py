@@ -47,7 +47,7 @@ class PlannedDeliberation(BaseModel):
 
     task_id: str = Field(description="Partition key.")
     run_key: str = Field(description="Idempotency key + task id: a replay never starts a second run.")
-    task_config: dict = Field(description="The task's flat form (`Task.fields()`): the run's config.")
+    task_config: dict = Field(description="The task's fields as the plan gave them: the run's config.")
     role: str = Field(description="Council role (the run queue limits per role).")
     story_id: str = Field(description="Story.")
     plan_id: str = Field(description="Plan.")
@@ -127,28 +127,29 @@ def plan_deliberations(message: StreamMessage) -> list[PlannedDeliberation]:
         wanted = [
             (
                 task.task_id or derived_task_id(plan.plan_id, task.role.value, i),
-                task.model_dump(exclude={"task_id"}),
+                task.model_dump(mode="json", exclude={"task_id"}),
             )
             for i, task in enumerate(plan.tasks)
         ]
     else:
         description = f"Implement plan {plan.plan_id} for story {plan.story_id}"
         wanted = [
-            (derived_task_id(plan.plan_id, role.value), {"description": description, "role": role})
+            (derived_task_id(plan.plan_id, role.value), {"description": description, "role": role.value})
             for role in dict.fromkeys(plan.roles)
         ]
 
     planned = []
-    for task_id, fields in wanted:
+    for task_id, given in wanted:
+        fields = {**given, "story_id": plan.story_id, "plan_id": plan.plan_id}  # the run's config
         try:
-            task = Task.from_fields(task_id, {**fields, "story_id": plan.story_id, "plan_id": plan.plan_id})
+            task = Task.from_fields(task_id, fields)
         except ValidationError as exc:
             raise InvalidEvent(f"task {task_id!r}: {_reason(exc)}") from exc
         planned.append(
             PlannedDeliberation(
                 task_id=task_id,
                 run_key=f"{envelope.idempotency_key}:{task_id}",
-                task_config=task.fields(),
+                task_config=fields,
                 role=task.role.value,
                 story_id=plan.story_id,
                 plan_id=plan.plan_id,
