@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .models import Constraints, Message, Role, Task, TurnResult
+from .models import Message, Role, Task, TurnResult
 from .prompts import PROPOSAL_SECTIONS
 
 CODE_ROLES = frozenset({Role.DEV, Role.QA, Role.DEVOPS, Role.DATA})
@@ -46,7 +46,6 @@ DOCKERFILE_INSTRUCTIONS = frozenset(
     "STOPSIGNAL HEALTHCHECK SHELL".split()
 )
 TEST_FRAMEWORK_IMPORT = re.compile(r"^\s*(import|from)\s+(pytest|unittest)\b", re.MULTILINE)
-TEST_RESULTS_MARKER = "@@fleet-test-results@@"
 JUDGE_MAX_PROPOSAL_CHARS = 6_000
 JUDGE_RATIONALE_CHARS = 200
 _SECTION_KEYWORDS = {
@@ -185,83 +184,6 @@ def python_source(blocks: Sequence[CodeBlock]) -> str:
         if parse_block(block)[0]:
             parts.append(block.code.rstrip() + "\n")
     return "\n\n".join(parts)
-
-
-_HARNESS = """\
-import json, sys, traceback
-
-results = []
-
-
-def record(name, passed, detail=""):
-    results.append({{"name": name, "passed": passed, "detail": detail[-600:]}})
-
-
-def finish():
-    print({marker!r} + json.dumps(results))
-    sys.exit(0 if results and all(r["passed"] for r in results) else 1)
-
-
-try:
-    import solution
-    from solution import *
-except BaseException:
-    record("import solution", False, traceback.format_exc(limit=3))
-    finish()
-
-for call, expected in {examples!r}:
-    try:
-        got, want = eval(call), eval(expected)
-        record(f"example: {{call}}", got == want, f"got {{got!r}}, expected {{want!r}}")
-    except BaseException:
-        record(f"example: {{call}}", False, traceback.format_exc(limit=2))
-
-TESTS = {tests!r}
-if TESTS:
-    namespace = {{k: v for k, v in vars(solution).items() if not k.startswith("__")}}
-    namespace.update(__name__="fleet_tests", solution=solution)
-    try:
-        exec(compile(TESTS, "tests.py", "exec"), namespace)
-    except BaseException:
-        record("tests (top level)", False, traceback.format_exc(limit=3))
-    else:
-        functions = [(k, v) for k, v in namespace.items() if k.startswith("test_") and callable(v)]
-        if not functions:
-            record("tests (top level)", True)
-        for name, function in functions:
-            try:
-                function()
-                record(name, True)
-            except BaseException:
-                record(name, False, traceback.format_exc(limit=3))
-finish()
-"""
-
-
-def harness_program(constraints: Constraints) -> str | None:
-    """The sandbox's main.py that runs the task's tests and examples against `solution.py` and
-    prints one result line after TEST_RESULTS_MARKER; None when the task carries no tests."""
-    if not constraints.tests.strip() and not constraints.examples:
-        return None
-    examples = [(e.call, e.expected) for e in constraints.examples]
-    return _HARNESS.format(marker=TEST_RESULTS_MARKER, examples=examples, tests=constraints.tests)
-
-
-class CaseOutcome(BaseModel):
-    name: str
-    passed: bool
-    detail: str = ""
-
-
-def parse_harness_results(stdout: str) -> list[CaseOutcome] | None:
-    """The harness's result line, or None when the program never printed it (killed, timed out)."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(TEST_RESULTS_MARKER):
-            try:
-                return [CaseOutcome.model_validate(r) for r in json.loads(line[len(TEST_RESULTS_MARKER) :])]
-            except (ValueError, TypeError):
-                return None
-    return None
 
 
 JUDGE_SCHEMA: dict = {

