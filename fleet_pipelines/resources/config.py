@@ -60,10 +60,14 @@ SandboxLimitsConfig = derived_config(
     descriptions={
         "wall_s": "Wall-clock limit of one test run.",
         "cpu_s": "CPU-seconds limit of one test run.",
-        "memory_mb": "Address-space limit in MiB.",
-        "max_processes": "Process limit (RLIMIT_NPROC of the sandbox user).",
+        "memory_mb": "Memory limit in MiB of the whole sandbox (its cgroup, shared memory included) "
+        "and of each process's address space.",
+        "max_processes": "Process limit of the whole sandbox (its cgroup; RLIMIT_NPROC in its own "
+        "user namespace where no cgroup is writable).",
         "max_file_mb": "Largest file a test run may write, MiB.",
         "max_output_chars": "Output kept from a test run.",
+        "work_dir_mb": "Size of the tmpfs work dir (and of /dev/shm) in MiB.",
+        "cpus": "CPU bandwidth of the whole sandbox in cores (its cgroup).",
     },
 )
 VLLMActorConfig = derived_config(VLLMActorSettings, "VLLMActorConfig")

@@ -48,7 +48,7 @@ class CgroupSupport:
     def has_cpu(self) -> bool:
         if self.version == 1:
             return "cpu" in self.parents
-        return "cpu" in _read(self.parents["unified"] / "cgroup.subtree_control").split()
+        return "cpu" in _controllers(self.parents["unified"] / "cgroup.subtree_control")
 
 
 def _read(path: Path) -> str:
@@ -56,6 +56,10 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+def _controllers(path: Path) -> set[str]:
+    return {word.lstrip("+") for word in _read(path).split()}
 
 
 def _own_paths(proc_self_cgroup: str) -> dict[str, str]:
@@ -109,11 +113,11 @@ def _writable(path: Path) -> bool:
 
 def _enable_v2(parent: Path, own: str) -> bool:
     """memory and pids (cpu if offered) enabled for the children of `parent`."""
-    offered = _read(parent / "cgroup.controllers").split()
-    if not {"memory", "pids"} <= set(offered):
+    offered = _controllers(parent / "cgroup.controllers")
+    if not {"memory", "pids"} <= offered:
         return False
     wanted = [c for c in ("memory", "pids", "cpu") if c in offered]
-    if set(wanted) <= set(_read(parent / "cgroup.subtree_control").split()):
+    if set(wanted) <= _controllers(parent / "cgroup.subtree_control"):
         return True
     control = " ".join(f"+{c}" for c in wanted)
     try:

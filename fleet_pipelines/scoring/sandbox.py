@@ -28,7 +28,6 @@ Where bwrap cannot build the sandbox, nothing runs: the result is "not_run", rea
 from __future__ import annotations
 
 import contextlib
-import contextlib
 import functools
 import json
 import os

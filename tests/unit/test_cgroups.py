@@ -1,0 +1,58 @@
+"""Per-sandbox cgroups on a cgroup v2 tree with delegation (as pods have it), laid out in a temp
+dir: this machine's v2 tree has no controllers, so the real v2 files cannot be written here.
+The v1 layout is exercised for real by tests/unit/test_sandbox.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleet_pipelines.scoring import cgroups
+
+MOUNTINFO = "30 23 0:27 / {root} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n"
+
+
+def _tree(tmp_path: Path, controllers: str, procs: str = "") -> Path:
+    pod = tmp_path / "kubepods" / "pod1"
+    pod.mkdir(parents=True)
+    (pod / "cgroup.controllers").write_text(controllers)
+    (pod / "cgroup.subtree_control").write_text("")
+    (pod / "cgroup.procs").write_text(procs)
+    return pod
+
+
+def test_a_delegated_v2_cgroup_gets_children_with_whole_sandbox_limits(tmp_path: Path):
+    pod = _tree(tmp_path, "cpuset cpu io memory pids")
+    stale = pod / f"{cgroups.PREFIX}999999999-0"  # left by a caller that no longer exists
+    stale.mkdir()
+    support = cgroups.detect("0::/kubepods/pod1\n", MOUNTINFO.format(root=tmp_path))
+    assert support is not None and support.version == 2 and support.parents == {"unified": pod}
+    assert (pod / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    assert support.describe() == "cgroup v2 (memory+swap, pids, cpu)"
+    assert not stale.exists()
+
+    group = cgroups.SandboxCgroup.create(support, memory_mb=256, max_processes=16, cpus=0.5)
+    child = group.dirs["unified"]
+    assert child.parent == pod and child.name.startswith(cgroups.PREFIX)
+    assert (child / "memory.max").read_text() == str(256 * 1024 * 1024)
+    assert (child / "pids.max").read_text() == "16"
+    assert (child / "cpu.max").read_text() == "50000 100000"
+    (child / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert group.oom_killed()
+    group.add(4242)
+    assert (child / "cgroup.procs").read_text() == "4242"
+
+
+def test_v2_without_memory_and_pids_offered_falls_back_to_none(tmp_path: Path):
+    _tree(tmp_path, "cpu io")
+    assert cgroups.detect("0::/kubepods/pod1\n", MOUNTINFO.format(root=tmp_path)) is None
+
+
+def test_cgroup_paths_are_read_relative_to_the_mount_root():
+    mountinfo = (
+        "35 31 0:32 /process_api /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+        "39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+    )
+    mounts = cgroups._mounts(mountinfo)
+    own = cgroups._own_paths("8:pids:/\n4:memory:/process_api/abc\n0::/\n")
+    assert cgroups._dir_of(mounts["memory"], own["memory"]) == Path("/sys/fs/cgroup/memory/abc")
+    assert cgroups._dir_of(mounts["pids"], own["pids"]) == Path("/sys/fs/cgroup/pids")
