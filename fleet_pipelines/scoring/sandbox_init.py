@@ -5,9 +5,11 @@ limits, what to run) from SPEC_FD and closes it, writes the files into the work 
 per-process rlimits, then:
 
 - **script** (`run_python`): execs Python on `main.py`; the exit code is the result;
-- **tests** (`run_tests`): becomes the *test process*. It marks itself non-dumpable (so the
-  solution can neither ptrace it nor open its /proc/<pid>/fd or mem), starts the *solution
-  process* (`serve`) with only one end of a socket pair and the sandbox's stdout/stderr, and runs
+- **tests** (`run_tests`): forks the *solution process* (`serve`) first, before the spec is read
+  (so no test code is in its memory), which keeps only its end of a socket pair and the sandbox's
+  stdout/stderr; then becomes the *test process*: it marks itself non-dumpable (so the solution
+  can neither ptrace it nor open its /proc/<pid>/fd or mem), writes the files, tells the solution
+  process to import `solution.py`, and runs
   the task's examples and tests here against proxies of the solution's names. Every call into
   the solution is a request over the socket; values come back as plain builtins (a copy, so an
   object with a forged `__eq__` cannot pass an assertion against a plain value) or as a handle
@@ -16,7 +18,7 @@ per-process rlimits, then:
   write a result.
 """
 
-import base64
+import binascii
 import builtins
 import ctypes
 import json
@@ -26,8 +28,8 @@ import resource
 import signal
 import socket
 import struct
-import subprocess
 import sys
+import time
 import traceback
 
 WORK = "/work"
@@ -79,7 +81,7 @@ def encode(value, as_ref, depth=0):
     if isinstance(value, complex):
         return ["c", complex.__complex__(value).real, complex.__complex__(value).imag]
     if isinstance(value, (bytes, bytearray)):
-        return ["b" if isinstance(value, bytes) else "ba", base64.b64encode(bytes(value)).decode()]
+        return ["b" if isinstance(value, bytes) else "ba", binascii.b2a_base64(bytes(value)).decode()]
     if isinstance(value, tuple):
         return ["t", [encode(v, as_ref, d) for v in tuple.__iter__(value)]]
     if isinstance(value, list):
@@ -101,7 +103,7 @@ def decode(data, from_ref):
     if tag == "c":
         return complex(data[1], data[2])
     if tag in ("b", "ba"):
-        raw = base64.b64decode(data[1])
+        raw = binascii.a2b_base64(data[1])
         return raw if tag == "b" else bytearray(raw)
     if tag == "d":
         return {decode(k, from_ref): decode(v, from_ref) for k, v in data[1]}
@@ -136,9 +138,12 @@ _UNARY = {
 }
 
 
-def serve(sock_fd):
-    """Imports `solution` from the work dir and answers the test process's requests."""
-    sock = socket.socket(fileno=sock_fd)
+def serve(sock):
+    """Imports `solution` from the work dir and answers the test process's requests. Forked
+    before the spec is read, so nothing of the tests is in its memory; it waits for the files
+    and its limits."""
+    set_limits(recv(sock))
+    builtins.exit = builtins.quit = sys.exit  # what `site` would give a program
     handles = {}
 
     def as_ref(obj):
@@ -334,27 +339,32 @@ class Client:
 _client = None
 
 
-def exit_description(process):
-    try:
-        code = process.wait(timeout=1)
-    except subprocess.TimeoutExpired:
-        return "still running"
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
+_exits = {}
 
 
-def run_tests(spec, result_fd, python):
+def exit_description(pid):
+    """How the solution process ended (waited for up to 1 s; remembered once known)."""
+    if pid in _exits:
+        return _exits[pid]
+    deadline = time.monotonic() + 1
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            return "still running"
+        time.sleep(0.005)
+    if os.WIFSIGNALED(status):
+        _exits[pid] = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    else:
+        _exits[pid] = f"exit code {os.WEXITSTATUS(status)}"
+    return _exits[pid]
+
+
+def run_tests(spec, result_fd, ours, process):
+    """The test process: `process` is the solution process's pid, `ours` our end of its socket."""
     global _client
-    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    ours, theirs = socket.socketpair()
-    process = subprocess.Popen(
-        [python, "-B", "-E", "-s", "-S", "/fleet/init.py", "serve", str(theirs.fileno())],
-        pass_fds=(theirs.fileno(),),
-        cwd=WORK,
-        env=spec["env"],
-    )
-    theirs.close()
+    send(ours, spec["limits"])  # the files are written: the solution process may import now
     _client = Client(ours, process)
     sys.stdout = sys.stderr  # prints of the tests go to stderr; results never go to a stream
 
@@ -423,11 +433,21 @@ def write_files(files):
 
 
 def main():
-    mode = sys.argv[1]
-    if mode == "serve":
-        serve(int(sys.argv[2]))
-        return
-    spec_fd = int(sys.argv[2])
+    mode, spec_fd = sys.argv[1], int(sys.argv[2])
+    if mode == "tests":
+        result_fd = int(sys.argv[3])
+        ours, theirs = socket.socketpair()
+        process = os.fork()  # before the spec is read: the solution process never holds it
+        if process == 0:
+            os.close(spec_fd)
+            os.close(result_fd)
+            ours.close()
+            try:
+                serve(theirs)
+            finally:
+                os._exit(0)
+        theirs.close()
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     try:
         with os.fdopen(spec_fd, "rb") as f:
             spec = json.loads(f.read())
@@ -436,9 +456,9 @@ def main():
     except BaseException as exc:
         print(f"sandbox setup failed: {exc!r}", file=sys.stderr)
         os._exit(SETUP_FAILED)
-    python = sys.executable
     if mode == "tests":
-        run_tests(spec, int(sys.argv[3]), python)
+        run_tests(spec, result_fd, ours, process)
+    python = sys.executable
     os.execve(python, [python, "-B", "-E", "-s", "main.py"], spec["env"])
 
 

@@ -1,0 +1,99 @@
+"""Sandbox start-up: the bubblewrap sandbox against the previous `unshare` one, in the same run.
+
+The previous implementation (fleet_pipelines/scoring/sandbox.py and sandbox_init.py as of commit
+f2a999c, read from git) is loaded from a temp dir beside the current one. Both run, alternately:
+  - `pass` (`run_python`): the fixed cost of one sandbox run;
+  - a solution with one example and one test: the previous harness (one process, result on
+    stdout) against `run_tests` (solution and tests in separate processes, result on a private fd).
+Prints median and p90 per run and the difference in ms; also the one-off first-call cost (probe,
+and for bwrap the library scan). Asserts nothing.
+
+Run as root from the repo root: .venv/bin/python benchmarks/sandbox_startup.py [runs]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fleet_pipelines.scoring import sandbox
+
+PREVIOUS = "f2a999c"
+RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+SOLUTION = "def add(a, b):\n    return a + b\n"
+TESTS = "def test_add():\n    assert add(2, 3) == 5\n"
+OLD_HARNESS = (  # what the previous tests check ran: one process, results printed
+    "import json\nfrom solution import *\nresults = [add(1, 2) == 3]\n"
+    "exec(compile(" + repr(TESTS) + ", 'tests.py', 'exec'))\ntest_add()\nresults.append(True)\n"
+    "print('@@fleet-test-results@@' + json.dumps(results))\n"
+)
+
+
+def load_previous(where: Path):
+    repo = Path(__file__).resolve().parents[1]
+    for name in ("sandbox.py", "sandbox_init.py"):
+        text = subprocess.run(
+            ["git", "show", f"{PREVIOUS}:fleet_pipelines/scoring/{name}"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        (where / name).write_text(text)
+    spec = importlib.util.spec_from_file_location("previous_sandbox", where / "sandbox.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["previous_sandbox"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def summary(name: str, samples: list[float]) -> str:
+    p90 = statistics.quantiles(samples, n=10)[-1]
+    return f"{name:<34} median {statistics.median(samples) * 1000:6.1f} ms   p90 {p90 * 1000:6.1f} ms"
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as where:
+        previous = load_previous(Path(where))
+        first_old = timed(previous.isolation_available)
+        first_new = timed(sandbox.isolation_available)
+        print(f"first call (probe): previous {first_old:.2f} s, bwrap {first_new:.2f} s (once per process)")
+        print(f"isolation: {sandbox.isolation_available()[1]}")
+        cases = {
+            "pass": (
+                lambda: previous.run_python("pass"),
+                lambda: sandbox.run_python("pass"),
+            ),
+            "1 example + 1 test": (
+                lambda: previous.run_python(OLD_HARNESS, files={"solution.py": SOLUTION}),
+                lambda: sandbox.run_tests(SOLUTION, [("add(1, 2)", "3")], TESTS),
+            ),
+        }
+        for case, (old, new) in cases.items():
+            new(), old()  # warm
+            old_s, new_s = [], []
+            for _ in range(RUNS):
+                old_s.append(timed(old))
+                new_s.append(timed(new))
+            print(summary(f"{case}: previous (unshare)", old_s))
+            print(summary(f"{case}: bwrap", new_s))
+            delta = (statistics.median(new_s) - statistics.median(old_s)) * 1000
+            print(
+                f"{case}: bwrap - previous = {delta:+.1f} ms per run (median), ratio "
+                f"{statistics.median(new_s) / statistics.median(old_s):.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
