@@ -28,6 +28,7 @@ Where bwrap cannot build the sandbox, nothing runs: the result is "not_run", rea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -39,7 +40,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
@@ -91,11 +92,13 @@ class _Setup:
     bwrap: str
     python: str
     binds: tuple[str, ...]
-    cgroup: cgroups.CgroupSupport | None = field(default=None)
+    cgroup: cgroups.CgroupSupport | None = None
+    proc: bool = True  # a fresh /proc; False where the runtime masks /proc (then none at all)
 
     def isolation(self) -> str:
         limits = self.cgroup.describe() if self.cgroup else "rlimits per process (no writable cgroup)"
-        return f"bwrap (all namespaces, allow-listed fs); limits: {limits}"
+        proc = "" if self.proc else ", no /proc (the runtime masks its own)"
+        return f"bwrap (all namespaces, allow-listed fs{proc}); limits: {limits}"
 
 
 def _bwrap() -> str | None:
@@ -171,8 +174,13 @@ def _setup() -> _Setup | tuple[None, str]:
     python = os.path.realpath(sys.executable)
     setup = _Setup(bwrap, python, _python_binds(python), cgroups.detect())
     ok, why = _probe(setup)
+    if not ok and "Can't mount proc" in why:
+        # A container whose /proc has masked paths (procMount: Default): the kernel refuses a new
+        # proc mount, so the sandbox gets no /proc rather than the container's.
+        setup = dataclasses.replace(setup, proc=False)
+        ok, why = _probe(setup)
     if not ok and setup.cgroup is not None:  # a cgroup tree we may write but not use: rlimits only
-        setup = _Setup(bwrap, python, setup.binds, None)
+        setup = dataclasses.replace(setup, cgroup=None)
         ok, why = _probe(setup)
     return setup if ok else (None, why)
 
@@ -240,7 +248,7 @@ def _argv(setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int) -> 
     argv += ["--info-fd", str(info_fd), "--block-fd", str(block_fd), "--clearenv"]
     for key, value in _ENV.items():
         argv += ["--setenv", key, value]
-    argv += [*setup.binds, "--proc", "/proc", "--dev", "/dev"]
+    argv += [*setup.binds, *(["--proc", "/proc"] if setup.proc else []), "--dev", "/dev"]
     argv += ["--size", str(limits.work_dir_mb * mb), "--tmpfs", "/dev/shm"]
     argv += ["--size", str(limits.work_dir_mb * mb), "--perms", "0700", "--tmpfs", "/work"]
     argv += ["--ro-bind", str(_INIT), "/fleet/init.py", "--remount-ro", "/", "--chdir", "/work"]

