@@ -96,6 +96,13 @@ class FleetSettings(BaseModel):
     nats_secrets_set: tuple[str, ...] = Field(
         default=(), description="Resource fields whose NATS_* variable is set (read via dg.EnvVar)."
     )
+    nats_stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        validation_alias=_env("FLEET_NATS_REPLICAS"),
+        description="Replicas of the JetStream streams this system creates.",
+    )
     planning_start: Literal["first", "end"] = Field(
         default="first",
         validation_alias=_env("FLEET_PLANNING_START"),
@@ -142,7 +149,7 @@ class FleetSettings(BaseModel):
         from .resources.events import NatsResource
 
         secrets = {field: dg.EnvVar(var) for field, var in NATS_SECRETS if field in self.nats_secrets_set}
-        return NatsResource(url=self.nats_url, **secrets)
+        return NatsResource(url=self.nats_url, stream_replicas=self.nats_stream_replicas, **secrets)
 
     def resources(self) -> dict[str, object]:
         """Every resource of the code location."""

@@ -21,7 +21,12 @@ from ..domain.decision import Decision, decide, rank
 from ..domain.deliberation import current_versions, proposal_requests, review_rounds
 from ..domain.models import Task, TurnKind, TurnResult, flat_task_fields, validation_message
 from ..domain.scoring import ProposalScore, gate_failures
-from ..events.outbound import agent_response_events, decision_outcome, deliberation_outcome_event
+from ..events.outbound import (
+    agent_response_events,
+    collector_event,
+    decision_outcome,
+    deliberation_outcome_event,
+)
 from ..events.planning import TAG_CAUSATION, TAG_CORRELATION
 from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
@@ -277,10 +282,17 @@ def decision(
         {s.agent_id: s.value("judge") for s in scores},
         council.quorum,
     )
-    # orchestration.deliberation.completed|failed, one per run (the failure sensor shares the key).
-    outcome = decision_outcome(task, result, context.run_id, (time.time() - _run_started(context)) * 1000)
+    # orchestration.deliberation.completed|failed, one per run (the failure sensor shares the key),
+    # and the old collector's deliberation.completed|failed from the proposals.
+    duration_ms = (time.time() - _run_started(context)) * 1000
+    outcome = decision_outcome(task, result, context.run_id, duration_ms)
     tags = context.run.tags
-    nats.publish([deliberation_outcome_event(outcome, tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION))])
+    nats.publish(
+        [
+            deliberation_outcome_event(outcome, tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION)),
+            collector_event(task, proposals, context.run_id, duration_ms),
+        ]
+    )
     ranking_md = "\n".join(f"{r.rank}. {r.agent_id} — {r.score:.3f}" for r in result.ranking) or "_none_"
     yield dg.Output(
         result,

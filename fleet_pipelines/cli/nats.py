@@ -15,18 +15,24 @@ def nats() -> None:
     pass
 
 
-@nats.command(help="Create or update the streams; never deletes data.")
-def init() -> None:
+@nats.command(
+    help="Create or update this system's streams and use other systems' streams that capture its "
+    "subjects (never edited); never deletes data. Exits 1 on a conflict."
+)
+@click.option("--dry-run", is_flag=True, help="show what init would do, change nothing")
+def init(dry_run: bool) -> None:
     from ..events.bus import NatsError
+    from ..events.streams import StreamAction, describe
     from ..settings import FleetSettings
 
     try:
-        changes = FleetSettings.from_env().nats().ensure_streams()
+        plans = FleetSettings.from_env().nats().ensure_streams(dry_run=dry_run)
     except NatsError as exc:
         click.echo(f"fleet nats init: {exc}", err=True)
         sys.exit(1)
-    for name, change in changes.items():
-        click.echo(f"{name}: {change.value}")
+    click.echo("\n".join(describe(plans, dry_run)))
+    if any(p.action is StreamAction.CONFLICT for p in plans):
+        sys.exit(1)
 
 
 @nats.command(help="List planning messages the sensor rejected, with reasons.")
@@ -56,14 +62,13 @@ def rejected(as_json: bool) -> None:
 def redrive(seq: int, fixed: Path | None) -> None:
     """SEQ: its PLANNING_EVENTS sequence (see `fleet nats rejected`)."""
     from ..events.bus import NatsError
-    from ..events.planning import InvalidEvent
     from ..events.redrive import redrive as redrive_message
     from ..settings import FleetSettings
 
     body = fixed.read_bytes() if fixed else None
     try:
         new_seq = FleetSettings.from_env().nats().session(lambda s: redrive_message(s, seq, body))
-    except (LookupError, InvalidEvent) as exc:
+    except (LookupError, ValueError) as exc:  # ValueError: a truncated original, or an InvalidEvent
         click.echo(f"fleet nats redrive: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     except NatsError as exc:

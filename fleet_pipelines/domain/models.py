@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from pydantic.fields import FieldInfo
 
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -57,7 +57,15 @@ class TurnStatus(StrEnum):
     TIMEOUT = "timeout"
 
 
-TaskId = Annotated[str, StringConstraints(pattern=TASK_ID_PATTERN)]
+def safe_partition_key(key: str) -> str:
+    """A task id is a partition key, and partition keys name files of stored asset values: the
+    one check that no segment is `.` or `..` (which would name a folder above the partition's)."""
+    if any(segment in (".", "..") for segment in key.split("/")):
+        raise ValueError(f"{key!r} is not a safe partition key: no segment may be '.' or '..'")
+    return key
+
+
+TaskId = Annotated[str, StringConstraints(pattern=TASK_ID_PATTERN), AfterValidator(safe_partition_key)]
 Requirement = Annotated[str, StringConstraints(min_length=1, max_length=MAX_REQUIREMENT_CHARS)]
 MetadataValue = Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE_CHARS)]
 ExampleExpr = Annotated[str, StringConstraints(min_length=1, max_length=MAX_EXAMPLE_CHARS)]

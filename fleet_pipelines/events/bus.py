@@ -7,11 +7,13 @@ short event loop (`NatsResource.session`) and close it before returning.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import json
 import ssl
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import nats
 from nats.aio.client import Client
@@ -19,9 +21,17 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from .models import EventEnvelope
+from .models import Publishable
 from .planning import StreamMessage
-from .streams import STREAMS, StreamSpec
+from .streams import (
+    OWNER_METADATA,
+    STREAMS,
+    ExistingStream,
+    StreamAction,
+    StreamPlan,
+    StreamSpec,
+    plan_streams,
+)
 
 
 class NatsError(ConnectionError):
@@ -30,12 +40,9 @@ class NatsError(ConnectionError):
 
 # What a lost or refusing server raises (nats.errors.Error covers JetStream API errors too).
 _NATS_ERRORS = (OSError, nats.errors.Error)
-
-
-class StreamChange(StrEnum):
-    CREATED = "created"
-    UPDATED = "updated"
-    UNCHANGED = "unchanged"
+_STREAM_PAGE = 256  # streams per STREAM.INFO page
+_HEADER_ALLOWANCE = 512  # bytes of headers and protocol around a published payload
+_MAX_PLAIN_MSG_ID = 256
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,11 @@ class ConnectOptions:
         return context
 
 
+def _why(exc: BaseException) -> str:
+    """The error's class and text (nats-py's repr leaves out the server's description)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 async def _silent(_: Exception) -> None:
     """nats-py prints every connection error by default; failures reach callers as exceptions."""
 
@@ -82,74 +94,115 @@ async def connect(options: ConnectOptions) -> NatsSession:
         )
         client = await asyncio.wait_for(connecting, options.connect_timeout_s * 2)
     except _NATS_ERRORS as exc:
-        raise NatsError(f"NATS unreachable at {options.url}: {exc!r}") from exc
-    return NatsSession(client, client.jetstream(timeout=options.request_timeout_s))
+        raise NatsError(f"NATS unreachable at {options.url}: {_why(exc)}") from exc
+    return NatsSession(client, client.jetstream(timeout=options.request_timeout_s), options.request_timeout_s)
 
 
 class NatsSession:
-    def __init__(self, client: Client, js: JetStreamContext):
+    def __init__(self, client: Client, js: JetStreamContext, request_timeout_s: float = 5.0):
         self.client = client
         self.js = js
+        self.request_timeout_s = request_timeout_s
 
     async def close(self) -> None:
         if not self.client.is_closed:
             await self.client.close()
 
-    async def ensure_streams(self, specs: Sequence[StreamSpec] = STREAMS) -> dict[str, StreamChange]:
-        """Creates missing streams and updates subjects/retention/duplicate window that differ.
+    async def existing_streams(self) -> list[ExistingStream]:
+        """Every stream on the server, marked as ours or not (one request per 256 streams)."""
+        found: list[ExistingStream] = []
+        while True:
+            page = await self.js.streams_info(offset=len(found))
+            found += [
+                ExistingStream(
+                    name=info.config.name,
+                    subjects=tuple(info.config.subjects or ()),
+                    owned=_owned(info.config.metadata),
+                    max_age_s=info.config.max_age or 0.0,
+                    duplicate_window_s=info.config.duplicate_window or 0.0,
+                    replicas=info.config.num_replicas or 1,
+                )
+                for info in page
+            ]
+            if not page or len(page) < _STREAM_PAGE:
+                return found
 
-        Never deletes a stream or its messages; other settings of an existing stream are kept.
+    async def ensure_streams(
+        self, specs: Sequence[StreamSpec] = STREAMS, replicas: int = 1, dry_run: bool = False
+    ) -> list[StreamPlan]:
+        """Creates our missing streams and updates ours that differ; streams of others are only
+        read (a spec whose subjects they capture uses them; one they overlap is a conflict).
+
+        Never deletes a stream or its messages. With `dry_run`, plans without changing anything.
         """
         try:
-            return {spec.name: await self._ensure_stream(spec) for spec in specs}
+            plans = plan_streams(specs, await self.existing_streams(), replicas)
+            if not dry_run:
+                for plan in plans:
+                    await self._apply(plan, replicas)
         except _NATS_ERRORS as exc:
-            raise NatsError(f"ensuring streams: {exc!r}") from exc
+            raise NatsError(f"ensuring streams: {_why(exc)}") from exc
+        return plans
 
-    async def _ensure_stream(self, spec: StreamSpec) -> StreamChange:
-        try:
-            info = await self.js.stream_info(spec.name)
-        except NotFoundError:
+    async def _apply(self, plan: StreamPlan, replicas: int) -> None:
+        spec = plan.spec
+        wanted = {
+            "subjects": list(spec.subjects),
+            "max_age": spec.max_age_s,
+            "duplicate_window": spec.duplicate_window_s,
+            "num_replicas": replicas,
+        }
+        if plan.action is StreamAction.CREATE:
             await self.js.add_stream(
                 StreamConfig(
                     name=spec.name,
-                    subjects=list(spec.subjects),
-                    max_age=spec.max_age_s,
-                    duplicate_window=spec.duplicate_window_s,
+                    description="fleet_pipelines events",
                     storage=StorageType.FILE,
                     retention=RetentionPolicy.LIMITS,
+                    metadata=dict(OWNER_METADATA),
+                    **wanted,
                 )
             )
-            return StreamChange.CREATED
-        current = info.config
-        if (
-            set(current.subjects or []) == set(spec.subjects)
-            and current.max_age == spec.max_age_s
-            and current.duplicate_window == spec.duplicate_window_s
-        ):
-            return StreamChange.UNCHANGED
-        await self.js.update_stream(
-            current.evolve(
-                subjects=list(spec.subjects), max_age=spec.max_age_s, duplicate_window=spec.duplicate_window_s
-            )
+        elif plan.action is StreamAction.UPDATE:
+            current = (await self.js.stream_info(spec.name)).config
+            await self.js.update_stream(current.evolve(**wanted))
+
+    async def stream_for(self, subject: str) -> str:
+        """The stream that captures `subject` (ours or another system's)."""
+        try:
+            return await self.js.find_stream_name_by_subject(subject)
+        except NotFoundError as exc:
+            raise NatsError(f"no stream captures {subject}; run `fleet nats init`") from exc
+        except _NATS_ERRORS as exc:
+            raise NatsError(f"finding the stream of {subject}: {_why(exc)}") from exc
+
+    async def position(self, stream: str) -> StreamPosition:
+        try:
+            info = await self.js.stream_info(stream)
+        except _NATS_ERRORS as exc:
+            raise NatsError(f"stream info of {stream}: {_why(exc)}") from exc
+        return StreamPosition(
+            stream=stream,
+            first_seq=info.state.first_seq,
+            last_seq=info.state.last_seq,
+            created=info.created.isoformat() if info.created else "",
         )
-        return StreamChange.UPDATED
 
     async def last_seq(self, stream: str) -> int:
-        try:
-            return (await self.js.stream_info(stream)).state.last_seq
-        except _NATS_ERRORS as exc:
-            raise NatsError(f"stream info of {stream}: {exc!r}") from exc
+        return (await self.position(stream)).last_seq
 
-    async def publish(self, subject: str, envelope: EventEnvelope) -> tuple[int, bool]:
+    def fits(self, subject: str, event: Publishable) -> bool:
+        """Whether the event is under the server's max_payload (headers and subject included)."""
+        return len(event.encoded()) + len(subject) + _HEADER_ALLOWANCE <= self.client.max_payload
+
+    async def publish(self, subject: str, event: Publishable) -> tuple[int, bool]:
         """Publishes and waits for the JetStream ack: (stream sequence, dropped as a duplicate)."""
         try:
             ack = await self.js.publish(
-                subject,
-                envelope.model_dump_json().encode(),
-                headers={"Nats-Msg-Id": envelope.idempotency_key},
+                subject, event.encoded(), headers={"Nats-Msg-Id": nats_msg_id(event.idempotency_key)}
             )
         except _NATS_ERRORS as exc:
-            raise NatsError(f"publishing to {subject}: {exc!r}") from exc
+            raise NatsError(f"publishing to {subject}: {_why(exc)}") from exc
         return ack.seq, bool(ack.duplicate)
 
     async def read_after(
@@ -159,22 +212,76 @@ class NatsSession:
         `max_messages` are read or `time.monotonic()` passes `deadline`.
 
         Stateless (a direct get of the next message by sequence, no consumer): the caller's cursor
-        is the only record of progress, so nothing is acknowledged on anyone's behalf.
+        is the only record of progress, so nothing is acknowledged on anyone's behalf. Headers are
+        parsed here from their bytes, so no header value of a message can fail the read.
         """
         next_seq, count = after_seq + 1, 0
         while count < max_messages and time.monotonic() < deadline:
+            request = json.dumps({"seq": next_seq, "next_by_subj": subject}).encode()
             try:
-                raw = await self.js.get_msg(stream, seq=next_seq, subject=subject, next=True)
-            except NotFoundError:
-                return
+                reply = await self.client.request(
+                    f"$JS.API.STREAM.MSG.GET.{stream}", request, timeout=self.request_timeout_s
+                )
+                answer = json.loads(reply.data)
             except _NATS_ERRORS as exc:
-                raise NatsError(f"reading {stream} after seq {next_seq - 1}: {exc!r}") from exc
+                raise NatsError(f"reading {stream} after seq {next_seq - 1}: {_why(exc)}") from exc
+            if "error" in answer:
+                if answer["error"].get("code") == 404:
+                    return
+                raise NatsError(f"reading {stream} after seq {next_seq - 1}: {answer['error']}")
+            raw = answer["message"]
             count += 1
-            next_seq = raw.seq + 1
+            next_seq = raw["seq"] + 1
+            headers, msg_id = _parse_headers(base64.b64decode(raw.get("hdrs") or ""))
             yield StreamMessage(
                 stream=stream,
-                seq=raw.seq,
-                subject=raw.subject,
-                data=raw.data or b"",
-                headers={k: str(v) for k, v in (raw.headers or {}).items()},
+                seq=raw["seq"],
+                subject=raw["subject"],
+                data=base64.b64decode(raw.get("data") or ""),
+                headers=headers,
+                msg_id=msg_id,
             )
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """Where a stream stands: its first and last sequence, and when it was created."""
+
+    stream: str
+    first_seq: int
+    last_seq: int
+    created: str
+
+
+def _owned(metadata: dict[str, str] | None) -> bool:
+    return all((metadata or {}).get(k) == v for k, v in OWNER_METADATA.items())
+
+
+def nats_msg_id(key: str) -> str:
+    """The `Nats-Msg-Id` of an idempotency key: the key itself when it is short printable ASCII,
+    else a hash of its bytes, so distinct keys never collapse into one header value."""
+    if len(key) <= _MAX_PLAIN_MSG_ID and key.isascii() and key.isprintable():
+        return key
+    return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _parse_headers(block: bytes) -> tuple[dict[str, str], str | None]:
+    """NATS headers (`NATS/1.0` line, then `Name: value` lines) as text, and the message id.
+
+    A value that is not UTF-8 is kept with backslash escapes; the message id is its UTF-8 text, or
+    a hash of its bytes when it is not UTF-8.
+    """
+    headers: dict[str, str] = {}
+    msg_id = None
+    for line in block.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name.strip().isascii():
+            continue
+        key, value = name.strip().decode("ascii"), value.strip()
+        headers[key] = value.decode("utf-8", "backslashreplace")
+        if key.lower() == "nats-msg-id":
+            try:
+                msg_id = value.decode("utf-8")
+            except UnicodeDecodeError:
+                msg_id = "sha256:" + hashlib.sha256(value).hexdigest()
+    return headers, msg_id

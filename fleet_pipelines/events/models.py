@@ -8,8 +8,9 @@ task is rejected here with the field named.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -40,6 +41,28 @@ class EventEnvelope(BaseModel):
     producer: str = Field(default=PRODUCER, max_length=256, description="Service that produced it.")
     metadata: dict[str, str] = Field(default_factory=dict, description="Free-form string attributes.")
     payload: dict[str, Any] = Field(description="The event's payload (one of the payload models below).")
+
+    def encoded(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+class LegacyEvent(BaseModel):
+    """A message in the old system's own form, no envelope, for its consumers (they read the
+    fields at the top level); `idempotency_key` goes only into the `Nats-Msg-Id` header."""
+
+    idempotency_key: str = Field(min_length=1, description="Unique per logical event.")
+    body: dict[str, Any] = Field(description="The message as the old system sent it.")
+
+    def encoded(self) -> bytes:
+        return json.dumps(self.body).encode()
+
+
+class Publishable(Protocol):
+    """What a session publishes: bytes, and the key JetStream deduplicates on."""
+
+    idempotency_key: str
+
+    def encoded(self) -> bytes: ...
 
 
 PlannedTask = create_model(
@@ -147,6 +170,11 @@ class PlanningRejected(BaseModel):
     stream_sequence: int = Field(description="Its sequence in that stream.")
     subject: str = Field(description="Its subject.")
     reason: str = Field(description="What is wrong with it, naming the field.")
-    original_text: str | None = Field(default=None, description="The original bytes when valid UTF-8.")
-    original_base64: str | None = Field(default=None, description="The original bytes otherwise.")
+    original_size: int = Field(description="Size of the original body in bytes.")
+    original_sha256: str = Field(description="SHA-256 of the original body (hex).")
+    original_truncated: bool = Field(
+        description="True when the original below is cut short (or left out: a minimal dead letter)."
+    )
+    original_text: str | None = Field(default=None, description="The original (prefix) when valid UTF-8.")
+    original_base64: str | None = Field(default=None, description="The original (prefix) otherwise.")
     original_headers: dict[str, str] = Field(default_factory=dict, description="Its NATS headers.")

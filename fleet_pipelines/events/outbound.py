@@ -1,33 +1,48 @@
-"""The events we publish, as (subject, envelope) pairs with deterministic idempotency keys.
+"""The events we publish, as (subject, event) pairs with deterministic idempotency keys.
 
 Keys are built from the run id and the turn's identity, so a retried step republishes the same
-keys and JetStream drops the copies; a new run of the same task publishes new events.
+keys and JetStream drops the copies; a new run of the same task publishes new events. Our events
+are enveloped; those for the old system's consumers (`agent.results.{task_id}`,
+`deliberation.completed|failed`) are in that system's own unenveloped form.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from ..domain.decision import Decision
-from ..domain.models import DeliberationStatus, Task, TurnResult, TurnStatus
+from ..domain.models import DeliberationStatus, Task, TurnKind, TurnResult, TurnStatus
 from .models import (
     AgentResponse,
     DecisionRecord,
     DeliberationOutcome,
     EventEnvelope,
+    LegacyEvent,
     PlanningRejected,
     Proposal,
     RankEntry,
 )
 from .streams import (
-    AGENT_RESPONSE_COMPLETED,
-    AGENT_RESPONSE_FAILED,
+    AGENT_CRITIQUE,
+    AGENT_RESULTS,
+    AGENT_REVISION,
+    COLLECTOR_COMPLETED,
+    COLLECTOR_FAILED,
     DELIBERATION_COMPLETED,
     DELIBERATION_FAILED,
     PLANNING_REJECTED,
 )
 
-Event = tuple[str, EventEnvelope]
+Event = tuple[str, EventEnvelope | LegacyEvent]
+# Subject prefix per turn kind (+ .completed | .failed): only proposals are agent responses.
+TURN_SUBJECTS = {
+    TurnKind.PROPOSE: "agent.response",
+    TurnKind.CRITIQUE: AGENT_CRITIQUE,
+    TurnKind.REVISE: AGENT_REVISION,
+}
+# AgentResponse fields the old system's workers did not send.
+_OURS_ONLY = {"round", "kind", "target_agent_id"}
 
 
 def _envelope(subject: str, key: str, payload: dict, correlation_id: str, causation_id: str | None) -> Event:
@@ -47,7 +62,9 @@ def agent_response_events(
     correlation_id: str | None = None,
     causation_id: str | None = None,
 ) -> list[Event]:
-    events = []
+    """Per turn, on its kind's subject; per proposal also `agent.results.{task_id}` as the old
+    system's workers sent it (their payload, no envelope)."""
+    events: list[Event] = []
     for r in results:
         ok = r.status is TurnStatus.COMPLETED
         payload = AgentResponse(
@@ -76,14 +93,85 @@ def agent_response_events(
         key = f"agent.response:{run_id}:{r.agent_id}:{r.kind.value}:{r.round}:{r.target_agent_id or '-'}"
         events.append(
             _envelope(
-                AGENT_RESPONSE_COMPLETED if ok else AGENT_RESPONSE_FAILED,
+                f"{TURN_SUBJECTS[r.kind]}.{'completed' if ok else 'failed'}",
                 key,
                 payload.model_dump(mode="json"),
                 correlation_id or task.task_id,
                 causation_id,
             )
         )
+        if r.kind is TurnKind.PROPOSE:
+            body = payload.model_dump(mode="json", exclude=_OURS_ONLY, exclude_none=True)
+            events.append(
+                (
+                    f"{AGENT_RESULTS}.{r.task_id}",
+                    LegacyEvent(idempotency_key=f"agent.results:{key}", body=body),
+                )
+            )
     return events
+
+
+def collector_event(task: Task, proposals: Sequence[TurnResult], run_id: str, duration_ms: float) -> Event:
+    """`deliberation.completed|failed` as the old system's result collector sent it, from the
+    round-0 proposals: completed when at least one agent answered, failed when none did."""
+    now = datetime.now(UTC).isoformat()
+    ok = [p for p in proposals if p.status is TurnStatus.COMPLETED]
+    failed = [
+        {"agent_id": p.agent_id, "error": p.error or p.status.value, "timestamp": now}
+        for p in proposals
+        if p.status is not TurnStatus.COMPLETED
+    ]
+    key = f"deliberation.collector:{run_id}"
+    if not ok:
+        body = {
+            "task_id": task.task_id,
+            "status": "failed",
+            "error": "All agents failed" if proposals else "No agent answered",
+            "failed_agents": failed,
+            "timestamp": now,
+        }
+        return COLLECTOR_FAILED, LegacyEvent(idempotency_key=key, body=body)
+    results = [
+        {
+            "agent_id": p.agent_id,
+            "role": p.role.value,
+            "proposal": Proposal(
+                content=p.content,
+                author_id=p.agent_id,
+                author_role=p.role.value,
+                model=p.model,
+                temperature=p.temperature,
+                tokens=p.tokens_out,
+            ).model_dump(mode="json"),
+            "duration_ms": p.latency_ms,
+            "timestamp": now,
+        }
+        for p in ok
+    ]
+    body = {
+        "task_id": task.task_id,
+        "status": "completed",
+        "results": results,
+        "failed_agents": failed,
+        "total_agents": task.num_agents,
+        "successful_responses": len(ok),
+        "failed_responses": len(failed),
+        "duration_ms": int(duration_ms),
+        "completed_at": now,
+    }
+    return COLLECTOR_COMPLETED, LegacyEvent(idempotency_key=key, body=body)
+
+
+def collector_failure_event(task_id: str, run_id: str, error: str) -> Event:
+    """`deliberation.failed` for a run that crashed before any proposal was collected."""
+    body = {
+        "task_id": task_id,
+        "status": "failed",
+        "error": error,
+        "failed_agents": [],
+        "timestamp": datetime.now(UTC).isoformat(),
+    }
+    return COLLECTOR_FAILED, LegacyEvent(idempotency_key=f"deliberation.collector:{run_id}", body=body)
 
 
 def outcome_key(run_id: str) -> str:
@@ -128,5 +216,8 @@ def decision_outcome(task: Task, decision: Decision, run_id: str, duration_ms: f
 
 
 def rejected_event(rejected: PlanningRejected) -> Event:
-    key = f"planning.rejected:{rejected.stream}:{rejected.stream_sequence}"
+    """Keyed by stream, sequence and body hash: the same message is dead-lettered once, and a new
+    message at the same sequence of a recreated stream gets its own dead letter."""
+    digest = rejected.original_sha256[:16]
+    key = f"planning.rejected:{rejected.stream}:{rejected.stream_sequence}:{digest}"
     return _envelope(PLANNING_REJECTED, key, rejected.model_dump(mode="json"), key, None)

@@ -14,6 +14,14 @@ from .models import EventEnvelope, PlanApproved, PlannedTask, PlanningRejected, 
 from .streams import PLAN_APPROVED
 
 MAX_MESSAGE_BYTES = 256 * 1024
+# A dead letter keeps this much of the original (JSON escapes can grow text up to 6x, base64 4/3),
+# at most this much of the reason, and headers up to these bounds; all of it well under the 1 MiB
+# default max_payload. Size and sha256 always describe the whole original.
+DEAD_LETTER_ORIGINAL_BYTES = 64 * 1024
+DEAD_LETTER_REASON_CHARS = 2_000
+DEAD_LETTER_HEADERS = 16
+DEAD_LETTER_HEADER_CHARS = 256
+MINIMAL_REASON_CHARS = 300
 # Run tags of a deliberation started from planning (the run queue limits runs per TAG_ROLE value).
 TAG_ROLE = "fleet/role"
 TAG_STORY = "fleet/story_id"
@@ -22,6 +30,8 @@ TAG_CORRELATION = "fleet/correlation_id"
 TAG_CAUSATION = "fleet/causation_id"
 TAG_EVENT_SEQ = "fleet/planning_seq"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:-]")
+# A \uD800-\uDFFF escape: JSON text may spell a lone surrogate, which no UTF-8 store accepts.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 class InvalidEvent(ValueError):
@@ -38,6 +48,7 @@ class StreamMessage(BaseModel):
     subject: str = Field(description="Subject.")
     data: bytes = Field(description="Body.")
     headers: dict[str, str] = Field(default_factory=dict, description="NATS headers.")
+    msg_id: str | None = Field(default=None, description="Its Nats-Msg-Id, a hash when not UTF-8.")
 
 
 class PlannedDeliberation(BaseModel):
@@ -85,14 +96,41 @@ def _reason(exc: ValidationError, prefix: str = "") -> str:
     return "; ".join(parts)
 
 
+def run_key(idempotency_key: str, task_id: str) -> str:
+    """`{key}:{task id}` with `%` and `:` escaped in both parts, so no two pairs give one run key."""
+
+    def escape(part: str) -> str:
+        return part.replace("%", "%25").replace(":", "%3A")
+
+    return f"{escape(idempotency_key)}:{escape(task_id)}"
+
+
+def _parse(data: bytes) -> object:
+    try:
+        body = json.loads(data)
+    except RecursionError as exc:
+        raise InvalidEvent("not JSON this system can read: nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over 4,300 digits
+        raise InvalidEvent(f"not JSON: {exc}") from exc
+    if _SURROGATE_ESCAPE.search(data):
+        try:
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidEvent("a string holds a lone UTF-16 surrogate (a \\udXXX escape), not text") from exc
+    return body
+
+
+def _identifier(name: str, value: str) -> None:
+    """Keys and ids become run keys and run tags in Dagster's storage: printable text only."""
+    if not value.isprintable():
+        raise InvalidEvent(f"{name}: control or unprintable characters are not allowed (got {value!r:.80})")
+
+
 def _envelope(message: StreamMessage) -> tuple[EventEnvelope, bool]:
     """The message's envelope, wrapping a legacy flat payload in one; True when it was enveloped."""
     if len(message.data) > MAX_MESSAGE_BYTES:
         raise InvalidEvent(f"message is {len(message.data)} bytes, over the {MAX_MESSAGE_BYTES}-byte limit")
-    try:
-        body = json.loads(message.data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidEvent(f"not JSON: {exc}") from exc
+    body = _parse(message.data)
     if not isinstance(body, dict):
         raise InvalidEvent(f"not a JSON object: got {type(body).__name__}")
     if "payload" in body and "event_type" in body:
@@ -104,24 +142,39 @@ def _envelope(message: StreamMessage) -> tuple[EventEnvelope, bool]:
             raise InvalidEvent(
                 f"event_type {envelope.event_type!r} on {message.subject}, expected {PLAN_APPROVED}"
             )
+        _identifier("idempotency_key", envelope.idempotency_key)
+        _identifier("correlation_id", envelope.correlation_id)
         return envelope, True
     # Legacy flat payload: no envelope, so the key is the publisher's Nats-Msg-Id or the body's hash.
     key = (
-        message.headers.get("Nats-Msg-Id")
+        message.msg_id
         or "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
     )
+    _identifier("Nats-Msg-Id", key)
     return EventEnvelope(
         event_type=PLAN_APPROVED, idempotency_key=key, correlation_id=key, payload=body
     ), False
 
 
 def plan_deliberations(message: StreamMessage) -> list[PlannedDeliberation]:
-    """The deliberations an approved plan asks for; raises InvalidEvent naming what is wrong."""
+    """The deliberations an approved plan asks for; raises InvalidEvent naming what is wrong, for
+    any message whatever its bytes (an unforeseen failure is an InvalidEvent too, never a crash)."""
+    try:
+        return _plan(message)
+    except InvalidEvent:
+        raise
+    except Exception as exc:  # one message must never stop the sensor
+        raise InvalidEvent(f"cannot be read: {type(exc).__name__}: {exc}"[:DEAD_LETTER_REASON_CHARS]) from exc
+
+
+def _plan(message: StreamMessage) -> list[PlannedDeliberation]:
     envelope, enveloped = _envelope(message)
     try:
         plan = PlanApproved.model_validate(envelope.payload)
     except ValidationError as exc:
         raise InvalidEvent(_reason(exc, "payload." if enveloped else "")) from exc
+    _identifier("story_id", plan.story_id)
+    _identifier("plan_id", plan.plan_id)
 
     if plan.tasks:
         wanted = [
@@ -148,7 +201,7 @@ def plan_deliberations(message: StreamMessage) -> list[PlannedDeliberation]:
         planned.append(
             PlannedDeliberation(
                 task_id=task_id,
-                run_key=f"{envelope.idempotency_key}:{task_id}",
+                run_key=run_key(envelope.idempotency_key, task_id),
                 task_config=fields,
                 role=task.role.value,
                 story_id=plan.story_id,
@@ -163,20 +216,48 @@ def plan_deliberations(message: StreamMessage) -> list[PlannedDeliberation]:
     return planned
 
 
-def rejection(message: StreamMessage, reason: str) -> PlanningRejected:
-    """The dead-letter payload: the original bytes (text when UTF-8, else base64), where and why."""
+def _original(data: bytes) -> tuple[str | None, str | None]:
+    """The first DEAD_LETTER_ORIGINAL_BYTES of the body: as text when the body is UTF-8, else base64."""
+    kept = data[:DEAD_LETTER_ORIGINAL_BYTES]
     try:
-        text, b64 = message.data.decode(), None
+        data.decode()
     except UnicodeDecodeError:
-        text, b64 = None, base64.b64encode(message.data).decode()
+        return None, base64.b64encode(kept).decode()
+    return kept.decode("utf-8", "ignore"), None  # "ignore" only drops a character cut in two
+
+
+def rejection(message: StreamMessage, reason: str) -> PlanningRejected:
+    """The dead-letter payload: where and why, the original's size and sha256, and the original
+    itself cut to DEAD_LETTER_ORIGINAL_BYTES (text when UTF-8, else base64), so it stays sendable."""
+    text, b64 = _original(message.data)
+    headers = {
+        k[:DEAD_LETTER_HEADER_CHARS]: v[:DEAD_LETTER_HEADER_CHARS]
+        for k, v in list(message.headers.items())[:DEAD_LETTER_HEADERS]
+    }
     return PlanningRejected(
         stream=message.stream,
         stream_sequence=message.seq,
         subject=message.subject,
-        reason=reason,
+        reason=reason[:DEAD_LETTER_REASON_CHARS],
+        original_size=len(message.data),
+        original_sha256=hashlib.sha256(message.data).hexdigest(),
+        original_truncated=len(message.data) > DEAD_LETTER_ORIGINAL_BYTES,
         original_text=text,
         original_base64=b64,
-        original_headers=message.headers,
+        original_headers=headers,
+    )
+
+
+def minimal_rejection(message: StreamMessage, reason: str) -> PlanningRejected:
+    """A dead letter small enough for any server: where, a short reason, size and sha256."""
+    return PlanningRejected(
+        stream=message.stream,
+        stream_sequence=message.seq,
+        subject=message.subject[:DEAD_LETTER_HEADER_CHARS],
+        reason=reason[:MINIMAL_REASON_CHARS],
+        original_size=len(message.data),
+        original_sha256=hashlib.sha256(message.data).hexdigest(),
+        original_truncated=True,
     )
 
 

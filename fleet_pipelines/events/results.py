@@ -122,10 +122,11 @@ def task_result(
 
 async def find_task_in_stream(session: NatsSession, task_id: str) -> int | None:
     """The sequence of the latest approved plan naming `task_id` among the last few in the stream."""
-    after = max(0, await session.last_seq(PLANNING_STREAM) - STREAM_SCAN_WINDOW)
+    stream = await session.stream_for(PLAN_APPROVED)
+    after = max(0, await session.last_seq(stream) - STREAM_SCAN_WINDOW)
     found = None
     async for message in session.read_after(
-        PLANNING_STREAM, PLAN_APPROVED, after, STREAM_SCAN_WINDOW, time.monotonic() + 3
+        stream, PLAN_APPROVED, after, STREAM_SCAN_WINDOW, time.monotonic() + 3
     ):
         try:
             if any(p.task_id == task_id for p in plan_deliberations(message)):

@@ -9,8 +9,9 @@ from typing import TypeVar
 import dagster as dg
 from pydantic import Field
 
-from ..events.bus import ConnectOptions, NatsSession, StreamChange, connect
-from ..events.models import EventEnvelope
+from ..events.bus import ConnectOptions, NatsSession, connect
+from ..events.models import Publishable
+from ..events.streams import StreamPlan
 from ..settings import DEFAULT_NATS_URL
 
 T = TypeVar("T")
@@ -29,6 +30,12 @@ class NatsResource(dg.ConfigurableResource):
     tls_key_file: str | None = Field(default=None, description="Key of the client certificate.")
     connect_timeout_s: float = Field(default=2.0, description="Seconds to wait for the connection.")
     request_timeout_s: float = Field(default=5.0, description="Seconds to wait for a JetStream reply/ack.")
+    stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Replicas of the streams this system creates (FLEET_NATS_REPLICAS).",
+    )
 
     def options(self) -> ConnectOptions:
         return ConnectOptions(
@@ -54,18 +61,21 @@ class NatsResource(dg.ConfigurableResource):
             session = await connect(self.options())
             try:
                 if ensure_streams:
-                    await session.ensure_streams()
+                    await session.ensure_streams(replicas=self.stream_replicas)
                 return await work(session)
             finally:
                 await session.close()
 
         return asyncio.run(main())
 
-    def ensure_streams(self) -> dict[str, StreamChange]:
-        """Creates or updates the platform's streams; what happened to each."""
-        return self.session(lambda session: session.ensure_streams(), ensure_streams=False)
+    def ensure_streams(self, dry_run: bool = False) -> list[StreamPlan]:
+        """Creates or updates this system's streams (or only plans it); what happens to each."""
+        return self.session(
+            lambda session: session.ensure_streams(replicas=self.stream_replicas, dry_run=dry_run),
+            ensure_streams=False,
+        )
 
-    def publish(self, events: Sequence[tuple[str, EventEnvelope]]) -> list[tuple[int, bool]]:
+    def publish(self, events: Sequence[tuple[str, Publishable]]) -> list[tuple[int, bool]]:
         """Publishes (subject, envelope) pairs in order, each acked by JetStream; duplicates of an
         idempotency key within the stream's window are dropped by the server (flag True)."""
 

@@ -16,6 +16,8 @@ import dagster as dg
 from pydantic import BaseModel, Field, TypeAdapter
 from upath import UPath
 
+from ..domain.models import safe_partition_key
+
 
 def _model_name(model: type[BaseModel]) -> str:
     return f"{model.__module__}:{model.__qualname__}"
@@ -100,6 +102,11 @@ class _ParquetUPathIOManager(dg.UPathIOManager):
 
         with path.open("rb") as f:
             return pd.read_parquet(f)
+
+    def get_path_for_partition(
+        self, context: dg.InputContext | dg.OutputContext, path: UPath, partition: str
+    ) -> UPath:
+        return super().get_path_for_partition(context, path, safe_partition_key(partition))
 
 
 class ParquetIOManager(dg.ConfigurableIOManagerFactory):

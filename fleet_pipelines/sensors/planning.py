@@ -1,23 +1,31 @@
-"""Planning sensor: `planning.plan.approved` on PLANNING_EVENTS -> deliberation runs.
+"""Planning sensor: `planning.plan.approved` -> deliberation runs.
 
-The Dagster cursor holds the last stream sequence processed; messages are read by sequence with
-no consumer and never acknowledged, so a tick that fails before Dagster stores its run requests
-simply reads the same messages again. The daemon drops a RunRequest whose run_key this sensor
-already used, and the run_key is the event's idempotency key + task id, so replays start nothing.
+The plans are read from whichever stream captures the subject (PLANNING_EVENTS, ours or the old
+system's). The Dagster cursor holds that stream's name, its creation time and the last sequence
+processed; messages are read by sequence with no consumer and never acknowledged, so a tick that
+fails before Dagster stores its run requests simply reads the same messages again. The daemon
+drops a RunRequest whose run_key this sensor already used, and the run_key is the event's
+idempotency key + task id, so replays start nothing.
+
+Each tick checks the cursor against the stream: a stream recreated (another creation time, or
+the cursor past its last sequence) is a reset, which is logged as a warning and re-read from its
+start; run keys keep that re-read exactly-once. A message that cannot be planned, whatever its
+bytes, becomes a dead letter and the cursor moves past it: no message can stop the sensor.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
 import dagster as dg
 
 from ..assets.deliberation import deliberation_partitions, deliberation_run_config
-from ..events.bus import NatsError, NatsSession
-from ..events.outbound import rejected_event
-from ..events.planning import InvalidEvent, PlannedDeliberation, plan_deliberations, rejection
-from ..events.streams import PLAN_APPROVED, PLANNING_STREAM
+from ..events.bus import NatsError, NatsSession, StreamPosition
+from ..events.planning import InvalidEvent, PlannedDeliberation, plan_deliberations
+from ..events.redrive import publish_dead_letter
+from ..events.streams import PLAN_APPROVED
 from ..resources.events import NatsResource
 
 PLANNING_SENSOR = "planning_sensor"
@@ -26,31 +34,91 @@ MAX_TICK_SECONDS = 15.0  # Dagster's sensor timeout is 60 s
 MIN_INTERVAL_SECONDS = 5
 
 
+@dataclass(frozen=True)
+class Cursor:
+    """The last sequence processed, in which stream, created when (JSON in the Dagster cursor)."""
+
+    seq: int
+    stream: str | None = None
+    created: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Cursor | None:
+        if not text:
+            return None
+        if text.isdigit():  # a cursor written before streams were checked: a bare sequence
+            return cls(seq=int(text))
+        value = json.loads(text)
+        return cls(seq=int(value["seq"]), stream=value.get("stream"), created=value.get("created"))
+
+    def dump(self) -> str:
+        return json.dumps({"seq": self.seq, "stream": self.stream, "created": self.created})
+
+
+def resume_point(cursor: Cursor | None, position: StreamPosition) -> tuple[int, str | None]:
+    """The sequence to read after, and a warning when the stream is not where the cursor left it."""
+    if cursor is None:
+        return 0, None
+    where = f"{position.stream} (seq {position.first_seq}..{position.last_seq}, created {position.created})"
+    if cursor.stream is not None and cursor.stream != position.stream:
+        return 0, f"plans now come from {where}, the cursor was on {cursor.stream}: reading it from its start"
+    if cursor.created is not None and cursor.created != position.created:
+        return (
+            0,
+            f"stream reset: {where} was recreated (cursor's was created {cursor.created}); re-reading it",
+        )
+    if cursor.seq > position.last_seq:
+        return 0, f"stream reset: cursor seq {cursor.seq} is past the end of {where}; re-reading it"
+    if cursor.seq < position.first_seq - 1:
+        return cursor.seq, (
+            f"seq {cursor.seq + 1}..{position.first_seq - 1} of {position.stream} "
+            "expired before they were read"
+        )
+    return cursor.seq, None
+
+
 @dataclass
 class Drained:
     """What one tick read: the deliberations to start, the rejections, and how far it got."""
 
-    cursor: int
+    cursor: Cursor
+    after: int
     planned: list[PlannedDeliberation] = field(default_factory=list)
     rejected: list[tuple[int, str]] = field(default_factory=list)
+    warning: str | None = None
     error: str | None = None
 
 
-async def drain(session: NatsSession, after_seq: int, max_events: int, max_seconds: float) -> Drained:
-    """Reads approved plans after `after_seq`; a bad one goes to the dead letter subject and the
-    cursor moves past it. A lost connection ends the drain with the progress made so far."""
-    drained = Drained(cursor=after_seq)
+async def drain(
+    session: NatsSession,
+    cursor: Cursor | None,
+    max_events: int,
+    max_seconds: float,
+    start_at_end: bool = False,
+) -> Drained:
+    """Reads approved plans after the cursor; a bad one becomes a dead letter and the cursor moves
+    past it. A lost connection ends the drain with the progress made so far.
+
+    `start_at_end`: with no cursor yet, start after the stream's last message (read nothing now).
+    """
+    stream = await session.stream_for(PLAN_APPROVED)
+    position = await session.position(stream)
+    if cursor is None and start_at_end:
+        at_end = Cursor(seq=position.last_seq, stream=stream, created=position.created)
+        return Drained(cursor=at_end, after=position.last_seq)
+    after, warning = resume_point(cursor, position)
+    drained = Drained(
+        cursor=Cursor(seq=after, stream=stream, created=position.created), after=after, warning=warning
+    )
     deadline = time.monotonic() + max_seconds
     try:
-        async for message in session.read_after(
-            PLANNING_STREAM, PLAN_APPROVED, after_seq, max_events, deadline
-        ):
+        async for message in session.read_after(stream, PLAN_APPROVED, after, max_events, deadline):
             try:
                 drained.planned.extend(plan_deliberations(message))
             except InvalidEvent as exc:
-                await session.publish(*rejected_event(rejection(message, str(exc))))
+                await publish_dead_letter(session, message, str(exc))
                 drained.rejected.append((message.seq, str(exc)))
-            drained.cursor = message.seq
+            drained.cursor = Cursor(seq=message.seq, stream=stream, created=position.created)
     except NatsError as exc:
         drained.error = str(exc)
     return drained
@@ -83,38 +151,44 @@ def build_planning_sensor(
         description=f"Starts a deliberation per task of each {PLAN_APPROVED} event (cursor = stream seq).",
     )
     def planning_sensor(context: dg.SensorEvaluationContext, nats: NatsResource):
-        if context.cursor is None and start_at_end:
-            try:
-                last = nats.session(lambda s: s.last_seq(PLANNING_STREAM))
-            except NatsError as exc:
-                return dg.SkipReason(f"{exc}; no cursor yet")
+        cursor = Cursor.parse(context.cursor)
+        at = cursor.seq if cursor else 0
+        try:
+            drained = nats.session(
+                lambda s: drain(s, cursor, MAX_EVENTS_PER_TICK, MAX_TICK_SECONDS, start_at_end)
+            )
+        except NatsError as exc:
+            return dg.SkipReason(f"{exc}; cursor stays at {at}")
+        if cursor is None and start_at_end:
             return dg.SensorResult(
-                cursor=str(last),
-                skip_reason=f"first tick: starting after {PLANNING_STREAM} seq {last} "
+                cursor=drained.cursor.dump(),
+                skip_reason=f"first tick: starting after {drained.cursor.stream} seq {drained.cursor.seq} "
                 "(FLEET_PLANNING_START=end); plans before it are not run",
             )
-        after = int(context.cursor or 0)
-        try:
-            drained = nats.session(lambda s: drain(s, after, MAX_EVENTS_PER_TICK, MAX_TICK_SECONDS))
-        except NatsError as exc:
-            return dg.SkipReason(f"{exc}; cursor stays at {after}")
+        if drained.warning:
+            context.log.warning(drained.warning)
         for seq, reason in drained.rejected:
-            context.log.warning(f"{PLANNING_STREAM} seq {seq} rejected: {reason}")
+            context.log.warning(f"{drained.cursor.stream} seq {seq} rejected: {reason}")
         if drained.error:
-            context.log.warning(f"stopped after seq {drained.cursor}: {drained.error}")
-        if drained.cursor == after:
-            return dg.SkipReason(drained.error or f"no {PLAN_APPROVED} after seq {after}")
+            context.log.warning(f"stopped after seq {drained.cursor.seq}: {drained.error}")
+        if drained.cursor == cursor:
+            return dg.SkipReason(drained.error or f"no {PLAN_APPROVED} after seq {at}")
         requests = run_requests(drained.planned)
         partitions = list(dict.fromkeys(r.partition_key for r in requests))
+        if requests:
+            skip = None
+        elif drained.cursor.seq == drained.after:
+            skip = drained.warning or drained.error or f"no {PLAN_APPROVED} after seq {drained.after}"
+        else:
+            span = f"seq {drained.after + 1}..{drained.cursor.seq}"
+            skip = f"{span}: {len(drained.rejected)} rejected, nothing to run"
         return dg.SensorResult(
             run_requests=requests,
-            cursor=str(drained.cursor),
+            cursor=drained.cursor.dump(),
             dynamic_partitions_requests=[deliberation_partitions.build_add_request(partitions)]
             if partitions
             else [],
-            skip_reason=None
-            if requests
-            else f"seq {after + 1}..{drained.cursor}: {len(drained.rejected)} rejected, nothing to run",
+            skip_reason=skip,
         )
 
     return planning_sensor

@@ -10,7 +10,7 @@ import dagster as dg
 
 from ..domain.models import DeliberationStatus
 from ..events.models import DecisionRecord, DeliberationOutcome
-from ..events.outbound import deliberation_outcome_event
+from ..events.outbound import collector_failure_event, deliberation_outcome_event
 from ..events.planning import TAG_CAUSATION, TAG_CORRELATION, TAG_PLAN, TAG_STORY
 from ..resources.events import NatsResource
 
@@ -62,7 +62,8 @@ def build_run_failure_sensor(job: dg.UnresolvedAssetJobDefinition) -> dg.SensorD
         name=RUN_FAILURE_SENSOR,
         monitored_jobs=[job],
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Publishes orchestration.deliberation.failed for runs that fail before a decision.",
+        description="Publishes orchestration.deliberation.failed (and the old collector's "
+        "deliberation.failed) for runs that fail before a decision.",
     )
     def deliberation_failure_sensor(context: dg.RunFailureSensorContext, nats: NatsResource):
         run = context.dagster_run
@@ -76,7 +77,12 @@ def build_run_failure_sensor(job: dg.UnresolvedAssetJobDefinition) -> dg.SensorD
             return dg.SkipReason(f"run {run.run_id} reached a decision, which published the outcome")
         outcome = failure_outcome(context.instance, run, failure_message(context))
         nats.publish(
-            [deliberation_outcome_event(outcome, run.tags.get(TAG_CORRELATION), run.tags.get(TAG_CAUSATION))]
+            [
+                deliberation_outcome_event(
+                    outcome, run.tags.get(TAG_CORRELATION), run.tags.get(TAG_CAUSATION)
+                ),
+                collector_failure_event(outcome.task_id, run.run_id, outcome.decisions[0].rationale),
+            ]
         )
         context.log.info(f"published deliberation.failed for task {outcome.task_id} (run {run.run_id})")
         return None

@@ -8,17 +8,21 @@ import sys
 
 import pytest
 
-from fleet_pipelines.events.bus import NatsError, StreamChange
+from fleet_pipelines.events.bus import NatsError
 from fleet_pipelines.events.models import EventEnvelope
-from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM, STREAMS
+from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM, STREAMS, StreamAction
 from fleet_pipelines.resources.events import NatsResource
 
 pytestmark = pytest.mark.integration
 
 
+def actions(plans) -> dict[str, StreamAction]:
+    return {p.spec.name: p.action for p in plans}
+
+
 def test_ensure_creates_then_keeps_then_updates_a_changed_stream_without_losing_data(nats_resource):
-    assert set(nats_resource.ensure_streams().values()) == {StreamChange.CREATED}
-    assert set(nats_resource.ensure_streams().values()) == {StreamChange.UNCHANGED}
+    assert set(actions(nats_resource.ensure_streams()).values()) == {StreamAction.CREATE}
+    assert set(actions(nats_resource.ensure_streams()).values()) == {StreamAction.UNCHANGED}
     envelope = EventEnvelope(event_type=PLAN_APPROVED, idempotency_key="k", correlation_id="c", payload={})
     nats_resource.publish([(PLAN_APPROVED, envelope)])
 
@@ -27,9 +31,9 @@ def test_ensure_creates_then_keeps_then_updates_a_changed_stream_without_losing_
         await session.js.update_stream(info.config.evolve(max_age=3600.0))
 
     nats_resource.session(shorten, ensure_streams=False)
-    changes = nats_resource.ensure_streams()
-    assert changes[PLANNING_STREAM] is StreamChange.UPDATED
-    assert {changes[s.name] for s in STREAMS if s.name != PLANNING_STREAM} == {StreamChange.UNCHANGED}
+    changes = actions(nats_resource.ensure_streams())
+    assert changes[PLANNING_STREAM] is StreamAction.UPDATE
+    assert {changes[s.name] for s in STREAMS if s.name != PLANNING_STREAM} == {StreamAction.UNCHANGED}
 
     async def state(session):
         info = await session.js.stream_info(PLANNING_STREAM)
@@ -53,11 +57,39 @@ def test_unreachable_server_raises_promptly():
         NatsResource(url="nats://127.0.0.1:1", connect_timeout_s=0.5).ensure_streams()
 
 
-def test_fleet_nats_init_is_idempotent(nats_resource, nats_server):
-    env = {**os.environ, "NATS_URL": nats_server}
-    cmd = [sys.executable, "-m", "fleet_pipelines.cli", "nats", "init"]
-    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+def test_streams_we_create_carry_the_configured_replicas_and_our_mark(nats_resource):
+    with pytest.raises(NatsError, match="replicas"):  # one server: 3 replicas is refused, by name
+        nats_resource.model_copy(update={"stream_replicas": 3}).ensure_streams()
+
+    async def configs(session):
+        return [(await session.js.stream_info(s.name)).config for s in STREAMS]
+
+    nats_resource.ensure_streams()
+    for config in nats_resource.session(configs, ensure_streams=False):
+        assert config.num_replicas == 1 and config.metadata["managed-by"] == "fleet_pipelines"
+
+
+def fleet_nats_init(nats_url: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fleet_pipelines.cli", "nats", "init", *flags],
+        env={**os.environ, "NATS_URL": nats_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_fleet_nats_init_is_idempotent_and_dry_run_changes_nothing(nats_resource, nats_server):
+    dry = fleet_nats_init(nats_server, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.count(": create") == len(STREAMS) and "dry run: nothing was changed" in dry.stdout
+
+    async def stream_names(session) -> list[str]:
+        return [info.config.name for info in await session.js.streams_info()]
+
+    assert nats_resource.session(stream_names, ensure_streams=False) == []
+    first = fleet_nats_init(nats_server)
+    second = fleet_nats_init(nats_server)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    assert first.stdout.count(": created") == len(STREAMS)
+    assert first.stdout.count(": create") == len(STREAMS)
     assert second.stdout.count(": unchanged") == len(STREAMS)

@@ -13,6 +13,7 @@ from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import deliberation_run_config
 from fleet_pipelines.definitions import defs
 from fleet_pipelines.events.streams import (
+    COLLECTOR_FAILED,
     DELIBERATION_FAILED,
     PLAN_APPROVED,
     PLANNING_REJECTED,
@@ -20,7 +21,7 @@ from fleet_pipelines.events.streams import (
 )
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.sensors import planning as planning_module
-from fleet_pipelines.sensors.planning import PLANNING_SENSOR
+from fleet_pipelines.sensors.planning import PLANNING_SENSOR, Cursor
 from fleet_pipelines.sensors.run_failure import RUN_FAILURE_SENSOR
 from tests.unit.test_events import ENVELOPED, LEGACY
 
@@ -49,6 +50,12 @@ def read_subject(nats: NatsResource, stream: str, subject: str) -> list[dict]:
     return nats.session(work)
 
 
+def seq(cursor: str | None) -> int | None:
+    """The stream sequence a sensor cursor stands at."""
+    parsed = Cursor.parse(cursor)
+    return parsed.seq if parsed else None
+
+
 def tick(instance: dg.DagsterInstance, nats: NatsResource, cursor: str | None):
     """One sensor evaluation as the daemon runs it; returns (run requests, new cursor, skip, data)."""
     context = dg.build_sensor_context(
@@ -63,7 +70,7 @@ def test_legacy_and_enveloped_plans_become_partitions_and_run_requests(dagster_i
     publish_raw(nats_resource, ENVELOPED, msg_id="b7c1")
     requests, cursor, _, data = tick(dagster_instance, nats_resource, None)
 
-    assert cursor == "2"
+    assert seq(cursor) == 2
     assert [r.tags["fleet/role"] for r in requests] == ["DEV", "QA", "ARCHITECT"]
     [partitions] = data.dynamic_partitions_requests
     assert partitions.partitions_def_name == "deliberations"
@@ -125,7 +132,7 @@ def test_malformed_plans_are_dead_lettered_and_the_tick_succeeds(dagster_instanc
     publish_raw(nats_resource, LEGACY)
 
     requests, cursor, _, _ = tick(dagster_instance, nats_resource, None)
-    assert cursor == "7"
+    assert seq(cursor) == 7
     assert [r.tags["fleet/role"] for r in requests] == ["DEV", "QA"]
 
     rejected = [e["payload"] for e in read_subject(nats_resource, "ORCHESTRATOR_EVENTS", PLANNING_REJECTED)]
@@ -150,7 +157,7 @@ def test_a_tick_is_bounded_and_the_next_resumes_after_the_cursor(
         publish_raw(nats_resource, ENVELOPED.replace(b"b7c1", f"key-{i}".encode()), msg_id=f"key-{i}")
     first, cursor, _, _ = tick(dagster_instance, nats_resource, None)
     second, cursor2, _, _ = tick(dagster_instance, nats_resource, cursor)
-    assert (cursor, cursor2) == ("3", "5")
+    assert (seq(cursor), seq(cursor2)) == (3, 5)
     keys = [r.run_key.split(":")[0] for r in [*first, *second]]
     assert keys == [f"key-{i}" for i in range(5)]
 
@@ -162,17 +169,17 @@ def test_server_stopped_between_ticks_skips_then_resumes_with_nothing_lost(dagst
     try:
         publish_raw(nats, ENVELOPED.replace(b"b7c1", b"before"), msg_id="before")
         first, cursor, _, _ = tick(dagster_instance, nats, None)
-        assert cursor == "1" and len(first) == 1
+        assert seq(cursor) == 1 and len(first) == 1
 
         server.stop()
         down, down_cursor, skip, _ = tick(dagster_instance, nats, cursor)
-        assert down == [] and down_cursor == "1"  # a skip leaves the cursor as it was
+        assert down == [] and down_cursor == cursor  # a skip leaves the cursor as it was
         assert "NATS unreachable" in skip and "cursor stays at 1" in skip
 
         server = stack.start_nats(tmp_path / "logs", port, tmp_path / "store")
         publish_raw(nats, ENVELOPED.replace(b"b7c1", b"after"), msg_id="after")
         resumed, cursor, _, _ = tick(dagster_instance, nats, cursor)
-        assert cursor == "2"
+        assert seq(cursor) == 2
         assert [r.run_key.split(":")[0] for r in [*first, *resumed]] == ["before", "after"]
     finally:
         server.stop()
@@ -210,3 +217,8 @@ def test_run_failure_sensor_publishes_deliberation_failed(dagster_instance, nats
     assert payload["task_id"] == task_id and payload["status"] == "FAILED" and payload["run_id"] == run.run_id
     assert payload["story_id"] == "S-1"
     assert "role" in payload["decisions"][0]["rationale"]
+    # The old system's collector form too, unenveloped, on deliberation.failed.
+    [collector] = read_subject(nats_resource, "DELIBERATION_RESULTS", COLLECTOR_FAILED)
+    assert (
+        collector["task_id"] == task_id and collector["status"] == "failed" and "role" in collector["error"]
+    )

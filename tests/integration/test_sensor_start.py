@@ -7,7 +7,7 @@ import pytest
 from fleet_pipelines.assets.deliberation import deliberation_job
 from fleet_pipelines.sensors.planning import build_planning_sensor
 from fleet_pipelines.settings import FleetSettings
-from tests.integration.test_sensor_planning import publish_raw, tick
+from tests.integration.test_sensor_planning import publish_raw, seq, tick
 from tests.unit.test_events import ENVELOPED, LEGACY
 
 pytestmark = pytest.mark.integration
@@ -23,10 +23,10 @@ def test_start_at_end_skips_retained_plans_then_runs_new_ones(
     publish_raw(nats_resource, LEGACY)  # retained from before the first start: not run
 
     requests, cursor, skip, _ = tick(dagster_instance, nats_resource, None)
-    assert cursor == "1" and requests == [] and "starting after" in skip
+    assert seq(cursor) == 1 and requests == [] and "starting after" in skip
     publish_raw(nats_resource, ENVELOPED, msg_id="b7c1")
     requests, cursor, _, _ = tick(dagster_instance, nats_resource, cursor)
-    assert cursor == "2"
+    assert seq(cursor) == 2
     assert [r.tags["fleet/plan_id"] for r in requests] == ["P-43"]
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
 import re
 
 import pytest
@@ -16,20 +19,28 @@ from fleet_pipelines.domain.models import (
     TurnKind,
     TurnResult,
     TurnStatus,
+    safe_partition_key,
 )
+from fleet_pipelines.events.bus import nats_msg_id
 from fleet_pipelines.events.outbound import (
     agent_response_events,
+    collector_event,
     decision_outcome,
     deliberation_outcome_event,
     outcome_key,
+    rejected_event,
 )
 from fleet_pipelines.events.planning import (
+    DEAD_LETTER_ORIGINAL_BYTES,
+    DEAD_LETTER_REASON_CHARS,
     MAX_MESSAGE_BYTES,
     InvalidEvent,
     StreamMessage,
     derived_task_id,
+    minimal_rejection,
     plan_deliberations,
     rejection,
+    run_key,
     single_task_plan,
 )
 
@@ -38,10 +49,16 @@ LEGACY = b'{"story_id": "US-42", "plan_id": "P-42", "approved_by": "po@example.c
 ENVELOPED = b'{"event_type": "planning.plan.approved", "idempotency_key": "b7c1", "correlation_id": "c9", "timestamp": "2026-11-25T10:00:00Z", "producer": "planning-service", "metadata": {}, "payload": {"story_id": "US-43", "plan_id": "P-43", "approved_by": "po", "roles": ["ARCHITECT"], "timestamp": "2026-11-25T10:00:00Z"}}'  # noqa: E501
 
 
-def message(data: bytes | dict, seq: int = 7, headers: dict | None = None) -> StreamMessage:
+def message(data: bytes | dict, seq: int = 7, msg_id: str | None = None) -> StreamMessage:
     body = data if isinstance(data, bytes) else json.dumps(data).encode()
+    headers = {"Nats-Msg-Id": msg_id} if msg_id else {}
     return StreamMessage(
-        stream="PLANNING_EVENTS", seq=seq, subject="planning.plan.approved", data=body, headers=headers or {}
+        stream="PLANNING_EVENTS",
+        seq=seq,
+        subject="planning.plan.approved",
+        data=body,
+        headers=headers,
+        msg_id=msg_id,
     )
 
 
@@ -59,8 +76,46 @@ def test_legacy_flat_plan_gives_one_task_per_role_with_the_seed_description():
 
 
 def test_legacy_plan_uses_the_publishers_msg_id_when_present():
-    planned = plan_deliberations(message(LEGACY, headers={"Nats-Msg-Id": "planner-123"}))
+    planned = plan_deliberations(message(LEGACY, msg_id="planner-123"))
     assert planned[0].run_key == f"planner-123:{planned[0].task_id}"
+
+
+def test_run_keys_are_unambiguous_when_keys_and_task_ids_hold_colons():
+    # Before: `k:x` with task `y` and `k` with task `x:y` both gave `k:x:y`, and the second plan
+    # was dropped as a duplicate.
+    assert run_key("k:x", "y") != run_key("k", "x:y")
+    assert run_key("k%3Ax", "y") != run_key("k:x", "y")
+    assert run_key("b7c1", "t-1") == "b7c1:t-1"  # plain keys read as before
+
+
+def test_poison_messages_of_the_issue_are_rejected_with_a_reason():
+    deep = plan_deliberations_reason(b"[" * 50_000)
+    assert "nested too deeply" in deep
+    huge = plan_deliberations_reason(b"1" * 5_000)
+    assert huge.startswith("not JSON") and "digits" in huge
+    surrogate = plan_deliberations_reason(json.dumps({**json.loads(LEGACY), "story_id": "\ud800"}).encode())
+    assert "lone UTF-16 surrogate" in surrogate
+    control = plan_deliberations_reason(json.dumps({**json.loads(LEGACY), "plan_id": "P\u0000"}).encode())
+    assert control.startswith("plan_id: control")
+
+
+def plan_deliberations_reason(data: bytes) -> str:
+    with pytest.raises(InvalidEvent) as caught:
+        plan_deliberations(message(data))
+    return str(caught.value)
+
+
+def test_partition_keys_dot_and_dotdot_are_refused_in_one_place():
+    for bad in (".", ".."):
+        reason = plan_deliberations_reason(
+            json.dumps(
+                {**json.loads(LEGACY), "tasks": [{"task_id": bad, "description": "d", "role": "DEV"}]}
+            ).encode()
+        )
+        assert "not a safe partition key" in reason
+        with pytest.raises(ValueError, match="not a safe partition key"):
+            safe_partition_key(bad)
+    assert safe_partition_key("a..b") == "a..b" and safe_partition_key(".hidden") == ".hidden"
 
 
 def test_enveloped_plan_with_timestamp_uses_the_envelope_keys():
@@ -164,8 +219,37 @@ def test_malformed_plans_are_rejected_with_a_precise_reason(data, reason):
 def test_rejection_keeps_the_original_bytes_as_text_or_base64():
     text = rejection(message(b'{"a": 1}', seq=3), "why")
     assert text.original_text == '{"a": 1}' and text.original_base64 is None and text.stream_sequence == 3
+    assert text.original_size == 8 and not text.original_truncated
     binary = rejection(message(b"\xff\x00"), "why")
     assert binary.original_text is None and binary.original_base64 == "/wA="
+
+
+def test_dead_letters_are_bounded_and_keep_size_and_hash():
+    body = os.urandom(200_000)  # the issue's 200 kB binary body: its dead letter grew to 1.2 MB
+    rejected = rejection(message(body), "x" * 100_000)
+    _, event = rejected_event(rejected)
+    assert len(event.encoded()) < 100_000
+    assert rejected.original_truncated and rejected.original_size == 200_000
+    assert rejected.original_sha256 == hashlib.sha256(body).hexdigest()
+    assert base64.b64decode(rejected.original_base64) == body[:DEAD_LETTER_ORIGINAL_BYTES]
+    assert len(rejected.reason) == DEAD_LETTER_REASON_CHARS
+    # Text cut inside a multi-byte character keeps only whole characters.
+    text = ("é" * DEAD_LETTER_ORIGINAL_BYTES).encode()
+    cut = rejection(message(text), "why").original_text
+    assert cut == "é" * (DEAD_LETTER_ORIGINAL_BYTES // 2)
+    minimal = minimal_rejection(message(body), "y" * 10_000)
+    assert minimal.original_text is None and minimal.original_base64 is None and minimal.original_truncated
+    assert len(rejected_event(minimal)[1].encoded()) < 2_000
+    # Two different messages at one sequence (a recreated stream) get two dead letters.
+    assert rejected_event(rejection(message(b"a"), "r"))[1].idempotency_key != (
+        rejected_event(rejection(message(b"b"), "r"))[1].idempotency_key
+    )
+
+
+def test_message_ids_are_bytes_safe():
+    assert nats_msg_id("plan-42") == "plan-42"
+    ids = {nats_msg_id(k) for k in ("plan-é", "plan-ü", "plan-\ud800", "plan-\udfff", "x" * 300, "a\nb")}
+    assert len(ids) == 6 and all(i.isascii() and i.isprintable() for i in ids)
 
 
 def _task() -> Task:
@@ -198,8 +282,13 @@ def test_agent_responses_follow_the_seed_payload_and_have_deterministic_keys():
         }
     )
     events = agent_response_events(_task(), [ok, failed], "run-1", "corr", "cause")
-    assert [subject for subject, _ in events] == ["agent.response.completed", "agent.response.failed"]
-    done, late = (e.payload for _, e in events)
+    assert [subject for subject, _ in events] == [
+        "agent.response.completed",
+        "agent.results.t-1",
+        "agent.response.failed",
+        "agent.results.t-1",
+    ]
+    done, late = (e.payload for _, e in events[::2])
     assert done["proposal"] == {
         "content": "text",
         "author_id": "agent-dev-001",
@@ -214,6 +303,35 @@ def test_agent_responses_follow_the_seed_payload_and_have_deterministic_keys():
     assert [e.idempotency_key for _, e in events] == [
         e.idempotency_key for _, e in agent_response_events(_task(), [ok, failed], "run-1")
     ]
+    # agent.results.{task_id}: the old workers' payload, unenveloped, without our extra fields.
+    worker = json.loads(events[1][1].encoded())
+    ours_only = ("round", "kind", "target_agent_id", "error", "error_type")
+    assert worker == {k: v for k, v in done.items() if k not in ours_only}
+    assert "proposal" not in json.loads(events[3][1].encoded())
+
+    # Critiques and revisions go on subjects of their own: agent responses count proposals only.
+    critique = ok.model_copy(
+        update={"kind": TurnKind.CRITIQUE, "round": 1, "target_agent_id": "agent-dev-002"}
+    )
+    revise = ok.model_copy(update={"kind": TurnKind.REVISE, "round": 1, "status": TurnStatus.FAILED})
+    assert [s for s, _ in agent_response_events(_task(), [critique, revise], "run-1")] == [
+        "agent.critique.completed",
+        "agent.revision.failed",
+    ]
+
+    # The old collector's deliberation.completed, then .failed when no agent answered.
+    subject, event = collector_event(_task(), [ok, failed], "run-1", 1234.5)
+    body = json.loads(event.encoded())
+    assert subject == "deliberation.completed" and body["status"] == "completed"
+    assert [r["agent_id"] for r in body["results"]] == ["agent-dev-001"]
+    assert body["results"][0]["proposal"] == done["proposal"]
+    assert [f["agent_id"] for f in body["failed_agents"]] == ["agent-dev-002"]
+    assert (body["total_agents"], body["successful_responses"], body["failed_responses"]) == (2, 1, 1)
+    assert body["duration_ms"] == 1234 and body["completed_at"]
+    subject, event = collector_event(_task(), [failed], "run-1", 9.0)
+    body = json.loads(event.encoded())
+    assert subject == "deliberation.failed" and body["status"] == "failed"
+    assert body["error"] == "All agents failed" and body["failed_agents"][0]["error"] == "late"
 
 
 def test_outcome_subject_follows_the_status_and_the_key_is_one_per_run():
