@@ -53,7 +53,7 @@ def load_value(text: str) -> BaseModel | list[BaseModel]:
 
 
 def stored_path(base_path: str, asset: str, partition: str) -> UPath:
-    return UPath(base_path) / asset / f"{partition}.json"
+    return UPath(base_path) / asset / f"{safe_partition_key(partition)}.json"
 
 
 def read_stored(base_path: str, asset: str, partition: str) -> BaseModel | list[BaseModel]:
@@ -74,6 +74,11 @@ class _DomainUPathIOManager(dg.UPathIOManager):
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> Any:
         return load_value(path.read_text())
+
+    def get_path_for_partition(
+        self, context: dg.InputContext | dg.OutputContext, path: UPath, partition: str
+    ) -> UPath:
+        return super().get_path_for_partition(context, path, safe_partition_key(partition))
 
 
 class DomainIOManager(dg.ConfigurableIOManagerFactory):
@@ -102,11 +107,6 @@ class _ParquetUPathIOManager(dg.UPathIOManager):
 
         with path.open("rb") as f:
             return pd.read_parquet(f)
-
-    def get_path_for_partition(
-        self, context: dg.InputContext | dg.OutputContext, path: UPath, partition: str
-    ) -> UPath:
-        return super().get_path_for_partition(context, path, safe_partition_key(partition))
 
 
 class ParquetIOManager(dg.ConfigurableIOManagerFactory):

@@ -43,6 +43,7 @@ from fleet_pipelines.events.planning import (
     run_key,
     single_task_plan,
 )
+from fleet_pipelines.resources.io import stored_path
 
 # The two samples of SEED_REFERENCE.md, verbatim.
 LEGACY = b'{"story_id": "US-42", "plan_id": "P-42", "approved_by": "po@example.com", "roles": ["DEV", "QA"], "approved_at": "2026-11-25T10:00:00Z"}'  # noqa: E501
@@ -114,7 +115,7 @@ def test_partition_keys_dot_and_dotdot_are_refused_in_one_place():
         )
         assert "not a safe partition key" in reason
         with pytest.raises(ValueError, match="not a safe partition key"):
-            safe_partition_key(bad)
+            stored_path("/tmp/storage", "decision", bad)  # where asset values are written
     assert safe_partition_key("a..b") == "a..b" and safe_partition_key(".hidden") == ".hidden"
 
 
