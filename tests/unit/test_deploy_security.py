@@ -12,7 +12,14 @@ and AppArmor profiles shipped in deploy/node/."""
 from __future__ import annotations
 
 import copy
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -224,8 +231,6 @@ def test_no_other_pod_is_user_namespaced_or_unmasked():
 def test_the_seccomp_profile_lets_bubblewrap_build_its_sandbox():
     """What the runtime's default profile refuses without CAP_SYS_ADMIN and bwrap needs stays
     allowed; kernel-administration calls stay refused."""
-    import json
-
     profile = json.loads((NODE / "fleet-sandbox.json").read_text())
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
     denied = {n for rule in profile["syscalls"] if rule["action"] != "SCMP_ACT_ALLOW" for n in rule["names"]}
@@ -244,9 +249,6 @@ def test_the_seccomp_profile_lets_bubblewrap_build_its_sandbox():
 
 def test_the_apparmor_profile_parses():
     """apparmor_parser compiles the profile without loading it into the kernel."""
-    import shutil
-    import subprocess
-
     parser = shutil.which("apparmor_parser")
     if parser is None:
         pytest.skip("apparmor_parser is not installed (Debian: apt-get install apparmor)")
@@ -256,3 +258,85 @@ def test_the_apparmor_profile_parses():
         [parser, "-Q", "-K", str(NODE / "fleet-sandbox.apparmor")], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+SECCOMP_LOADER = """
+import json, os, sys
+import seccomp
+profile = json.load(open(sys.argv[1]))
+assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+for rule in profile["syscalls"]:
+    for name in rule["names"]:
+        try:
+            f.add_rule(seccomp.ERRNO(rule.get("errnoRet", 1)), name)
+        except ValueError:
+            pass  # not a syscall of this architecture
+f.load()
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+PROBE = "from fleet_pipelines.scoring.sandbox import isolation_available as i; print(i())"
+
+
+def as_the_scoring_pod(profile: Path) -> subprocess.CompletedProcess[str]:
+    """The sandbox probe under `profile` (loaded with libseccomp), as the pods' uid 10001 with
+    every capability dropped and no_new_privs: the scoring pod's process, less its /proc masks
+    and AppArmor profile. The interpreter is the system's Python of the same version (the test
+    venv's may sit where uid 10001 cannot read), with this checkout and the venv on its path."""
+    system_python = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not system_python.exists():
+        pytest.skip("needs root, setpriv and the system Python of this version")
+    if subprocess.run([str(system_python), "-c", "import seccomp"], capture_output=True).returncode:
+        pytest.skip("libseccomp's Python binding is not installed (Debian: apt-get install python3-seccomp)")
+    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+    home = tempfile.mkdtemp()
+    os.chmod(home, 0o777)
+    return subprocess.run(
+        [
+            str(system_python),
+            "-c",
+            SECCOMP_LOADER,
+            str(profile),
+            "setpriv",
+            "--reuid=10001",
+            "--regid=10001",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "env",
+            "-i",
+            f"HOME={home}",
+            "PATH=/usr/bin:/bin",
+            f"PYTHONPATH={ROOT}:{site}",
+            str(system_python),
+            "-c",
+            PROBE,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_sandbox_runs_under_the_seccomp_profile_as_the_pods_user(tmp_path: Path):
+    done = as_the_scoring_pod(NODE / "fleet-sandbox.json")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("(True, 'bwrap"), done.stdout
+    # What the runtime's default profile refuses without CAP_SYS_ADMIN breaks it: the profile matters.
+    default_like = tmp_path / "default-like.json"
+    default_like.write_text(
+        json.dumps(
+            {
+                "defaultAction": "SCMP_ACT_ALLOW",
+                "syscalls": [
+                    {
+                        "names": ["unshare", "mount", "umount2", "pivot_root", "setns"],
+                        "action": "SCMP_ACT_ERRNO",
+                    }
+                ],
+            }
+        )
+    )
+    refused = as_the_scoring_pod(default_like)
+    assert refused.stdout.startswith("(False,"), refused.stdout
