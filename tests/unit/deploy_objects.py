@@ -25,19 +25,42 @@ DAGSTER_CHART = "1.13.27"
 NATS_CHART = "2.14.2"
 KUBERAY_OPERATOR = "1.7.0"
 
-INSTANCE = yaml.safe_load((DAGSTER_DIR / "dagster.yaml").read_text())
-VALUES = yaml.safe_load((DEPLOY / "helm" / "dagster-values.yaml").read_text())
-NATS_VALUES = yaml.safe_load((DEPLOY / "helm" / "nats-values.yaml").read_text())
+
+class StrictLoader(yaml.SafeLoader):
+    """YAML as Kubernetes and Helm read it: a key given twice in one mapping is an error (PyYAML
+    would keep the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+        duplicates = {k for k in keys if keys.count(k) > 1}
+        if duplicates:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate keys {sorted(duplicates)}", node.start_mark
+            )
+        return super().construct_mapping(node, deep=deep)
+
+
+def load(text: str) -> Any:
+    return yaml.load(text, Loader=StrictLoader)
+
+
+def load_all(text: str) -> list[Any]:
+    return [d for d in yaml.load_all(text, Loader=StrictLoader) if d]
+
+
+INSTANCE = load((DAGSTER_DIR / "dagster.yaml").read_text())
+VALUES = load((DEPLOY / "helm" / "dagster-values.yaml").read_text())
+NATS_VALUES = load((DEPLOY / "helm" / "nats-values.yaml").read_text())
 
 Pod = dict[str, Any]  # a PodSpec
 
 
 def load_docs(directory: Path) -> list[dict[str, Any]]:
     """Every object of a kustomization: its resources and its generated ConfigMaps."""
-    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    kustomization = load((directory / "kustomization.yaml").read_text())
     docs = []
     for name in kustomization["resources"]:
-        docs += [d for d in yaml.safe_load_all((directory / name).read_text()) if d]
+        docs += load_all((directory / name).read_text())
     for generator in kustomization.get("configMapGenerator", []):
         data = {Path(f).name: (directory / f).read_text() for f in generator["files"]}
         docs.append(

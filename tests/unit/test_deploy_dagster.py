@@ -27,6 +27,7 @@ from .deploy_objects import (
     DAGSTER_CHART,
     DAGSTER_DIR,
     INSTANCE,
+    K8S,
     KUBERAY_OPERATOR,
     NATS_CHART,
     NATS_VALUES,
@@ -38,6 +39,7 @@ from .deploy_objects import (
     documented_secrets,
     helm_install_versions,
     instance_run_job,
+    load_docs,
     nats_pods,
     snake,
 )
@@ -208,6 +210,9 @@ def test_nats_values_match_the_chart_schema_and_enable_jetstream_with_the_platfo
     config = NATS_VALUES["config"]
     assert config["jetstream"]["enabled"] and config["jetstream"]["fileStore"]["enabled"]
     assert config["cluster"]["enabled"] and config["cluster"]["replicas"] >= 3  # R3 streams need three
+    # Streams get one replica per server (fleet nats init and every client read FLEET_NATS_REPLICAS).
+    (fleet_config,) = [d for d in load_docs(K8S) if d["kind"] == "ConfigMap"]
+    assert int(fleet_config["data"]["FLEET_NATS_REPLICAS"]) == config["cluster"]["replicas"]
     secret_ref = NATS_VALUES["container"]["env"]["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]
     assert secret_ref["key"] in documented_secrets()[secret_ref["name"]]
     (user,) = config["merge"]["accounts"]["FLEET"]["users"]

@@ -25,6 +25,7 @@ from .deploy_objects import (
     ROOT,
     containers,
     documented_secrets,
+    load_all,
     load_docs,
     of_kind,
     raycluster,
@@ -235,3 +236,13 @@ def test_nats_init_job_runs_fleet_nats_init_from_the_one_image():
     assert container["command"] == ["fleet", "nats", "init"]
     refs = {s.get("secretRef", {}).get("name") for s in container["envFrom"]}
     assert "fleet-nats" in refs
+
+
+def test_every_yaml_file_of_deploy_has_no_key_twice():
+    """Kubernetes and kustomize refuse a key given twice; PyYAML would keep the last silently."""
+    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate keys"):
+        load_all("data:\n  A: '1'\n  A: '2'\n")
+    files = sorted((ROOT / "deploy").rglob("*.yaml"))
+    assert len(files) >= 10
+    for path in files:
+        load_all(path.read_text())
