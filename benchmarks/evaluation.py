@@ -1,4 +1,4 @@
-"""A real evaluation run: arms A-D on HumanEval through the evaluation asset, on the local stack.
+"""A real evaluation run: arms A-E on HumanEval through the evaluation asset, on the local stack.
 
 Starts its own llama.cpp server (SmolLM2-135M) and Ray head on free ports unless
 FLEET_LLM_BASE_URL / RAY_ADDRESS point at running ones, materialises the `evaluation` asset in a

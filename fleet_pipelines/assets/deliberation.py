@@ -20,7 +20,8 @@ from ..domain.council import build_council
 from ..domain.decision import Decision, decide, rank
 from ..domain.deliberation import current_versions, proposal_requests, review_rounds
 from ..domain.models import Task, TurnKind, TurnResult, flat_task_fields, validation_message
-from ..domain.scoring import ProposalScore, gate_failures
+from ..domain.prompts import feedback_block
+from ..domain.scoring import CheckResult, ProposalScore, gate_failures
 from ..events.outbound import (
     agent_response_events,
     collector_event,
@@ -31,7 +32,7 @@ from ..events.planning import TAG_CAUSATION, TAG_CORRELATION
 from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
 from ..resources.turns import TurnRunnerResource
-from ..scoring.checks import score_finals
+from ..scoring.checks import execution_checks, score_finals
 from . import DELIBERATION_JOB, DELIBERATION_PARTITIONS
 from .previews import table, turns_metadata
 
@@ -157,13 +158,45 @@ def reviews(
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
 ) -> dg.Output[list[TurnResult]]:
-    """R rounds: each agent critiques its peers' current proposals, then revises its own."""
+    """R rounds: each agent critiques its peers' current proposals, then revises its own, seeing
+    its own code's check results where execution feedback is on for the role."""
     task = deliberation_task
     settings = council.council_settings()
     agents = build_council(task.role, task.num_agents, settings)
-    history = review_rounds(task, agents, settings, proposals, turn_runner.runner(_deadline(context, task)))
+    limits = council.sandbox.to_model()
+    shown: list[tuple[str, list[CheckResult]]] = []
+
+    def check_code(task: Task, text: str) -> list[CheckResult]:
+        checks = execution_checks(task, text, limits)
+        shown.append((text, checks))
+        return checks
+
+    history = review_rounds(
+        task, agents, settings, proposals, turn_runner.runner(_deadline(context, task)), check_code
+    )
     _publish_turns(context, nats, task, history)
-    return dg.Output(history, metadata={"rounds": task.rounds, **turns_metadata(history)})
+    return dg.Output(
+        history,
+        metadata={
+            "rounds": task.rounds,
+            "execution_feedback": settings.feedback_for(task.role),
+            "feedback_shown": dg.MetadataValue.md(_feedback_md(history, proposals, shown)),
+            **turns_metadata(history),
+        },
+    )
+
+
+def _feedback_md(
+    history: Sequence[TurnResult], proposals: Sequence[TurnResult], shown: list[tuple[str, list[CheckResult]]]
+) -> str:
+    """What each author was shown of its own code's checks before revising, by the version checked."""
+    versions = {t.content: t for t in [*proposals, *history] if t.kind is not TurnKind.CRITIQUE}
+    sections = []
+    for text, checks in shown:
+        turn = versions.get(text)
+        where = f"{turn.agent_id}, version of round {turn.round}" if turn else "a proposal"
+        sections.append(f"### {where}\n\n{feedback_block(checks) or '_no check applied_'}")
+    return "\n\n".join(sections) or "_no execution feedback (off for this role, or no review round)_"
 
 
 def _critiques_received(history: Sequence[TurnResult], agent_id: str) -> list[TurnResult]:

@@ -1,4 +1,4 @@
-"""The nightly evaluation: arms A-D of councils on a benchmark sample, as one daily partition.
+"""The nightly evaluation: arms A-E of councils on a benchmark sample, as one daily partition.
 
 The asset value is one row per (problem, arm). Its metadata carries the markdown report, the
 per-arm table, the paired comparisons D vs B and D vs C, and a PNG plot of pass@1 against tokens.
@@ -106,8 +106,12 @@ def evaluation(
     df = outcomes_to_frame(outcomes, splits, context.partition_key)
     summary = summary_frame(outcomes, splits)
     comparisons = [
-        ev.paired_comparison(ev.Arm.COUNCIL, other, outcomes, resamples=config.bootstrap_resamples)
-        for other in (ev.Arm.SAMPLED, ev.Arm.PROPOSALS)
+        ev.paired_comparison(first, second, outcomes, resamples=config.bootstrap_resamples)
+        for first, second in (
+            (ev.Arm.COUNCIL, ev.Arm.SAMPLED),
+            (ev.Arm.COUNCIL, ev.Arm.PROPOSALS),
+            (ev.Arm.FEEDBACK, ev.Arm.COUNCIL),
+        )
     ]
     first_split = summary[summary["split"] == summary["split"].iloc[0]]
     overall = {ev.Arm(r["arm"]): float(r["pass_at_1"]) for r in first_split.to_dict("records")}
@@ -145,5 +149,5 @@ evaluation_job = dg.define_asset_job(
     selection=dg.AssetSelection.groups(GROUP),
     partitions_def=evaluation_partitions,
     executor_def=dg.in_process_executor,
-    description="Councils vs single agents on a benchmark with hidden tests (arms A-D, oracle).",
+    description="Councils vs single agents on a benchmark with hidden tests (arms A-E, oracle).",
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from .models import AgentSpec, Role
+from .scoring import CODE_ROLES
 
 DIVERSITY_TEMPERATURE_FACTOR = 1.3
 MAX_TEMPERATURE = 2.0
@@ -18,6 +19,15 @@ class CouncilSettings(BaseModel):
 
     temperature: float = Field(default=0.7, ge=0.0, le=MAX_TEMPERATURE)
     max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=16, le=32_768)
+    execution_feedback: bool | None = Field(
+        default=None,
+        description="Show each author its own code's check results (runs, tests, lint) before it "
+        "revises; None: on for roles that write code.",
+    )
+
+    def feedback_for(self, role: Role) -> bool:
+        """Whether authors of this role see their own code's check results before revising."""
+        return role in CODE_ROLES if self.execution_feedback is None else self.execution_feedback
 
 
 def agent_id(role: Role, index: int) -> str:

@@ -4,6 +4,10 @@ Round 0: every agent proposes. Each of R review rounds: every agent critiques ea
 proposal, then every author revises its own proposal from the critiques it received. All versions
 are kept; an agent whose revision fails keeps its previous version. Turns of one phase are handed
 to a `TurnRunner` together, so an engine that batches (llama.cpp slots, vLLM) sees them at once.
+
+Execution feedback: where the council settings turn it on for the role, a `CodeChecker` runs each
+author's current proposal (whether it runs, the task's tests, lint) before the author revises, and
+the revision prompt carries what it saw. The checker is passed in: nothing here runs code.
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ from collections.abc import Callable, Sequence
 from . import prompts
 from .council import CouncilSettings
 from .models import AgentSpec, Task, TurnKind, TurnRequest, TurnResult, TurnStatus
+from .scoring import CheckResult
 
 TurnRunner = Callable[[Sequence[TurnRequest]], list[TurnResult]]
 """Runs a batch of turns and returns one result per request, in request order."""
+
+CodeChecker = Callable[[Task, str], list[CheckResult]]
+"""Runs the code of a proposal's text for the task and returns what each check saw."""
 
 
 def _request(
@@ -87,8 +95,11 @@ def revision_requests(
     round_: int,
     current: dict[str, TurnResult],
     critiques: Sequence[TurnResult],
+    feedback: dict[str, list[CheckResult]] | None = None,
 ) -> list[TurnRequest]:
-    """Each author revises its own proposal from the usable critiques it received this round."""
+    """Each author revises its own proposal from the usable critiques it received this round, and
+    from its own code's check results where `feedback` has them."""
+    feedback = feedback or {}
     requests = []
     for author in council:
         if author.agent_id not in current:
@@ -98,7 +109,9 @@ def revision_requests(
         ]
         if not received:
             continue
-        messages = prompts.revision_messages(task, author, current[author.agent_id].content, received)
+        messages = prompts.revision_messages(
+            task, author, current[author.agent_id].content, received, feedback.get(author.agent_id, ())
+        )
         requests.append(_request(task, author, TurnKind.REVISE, round_, messages, settings))
     return requests
 
@@ -109,8 +122,11 @@ def review_rounds(
     settings: CouncilSettings,
     proposals: Sequence[TurnResult],
     run_turns: TurnRunner,
+    check_code: CodeChecker | None = None,
 ) -> list[TurnResult]:
-    """Runs the R review rounds after round 0 and returns every critique and revision.
+    """Runs the R review rounds after round 0 and returns every critique and revision. With a
+    `check_code` and feedback on for the role, each author's current code is checked before it
+    revises.
 
     Stops early when fewer than two agents have a live proposal (nobody to critique) or when a
     phase reports a timeout (the deliberation deadline has passed; later turns would only time out).
@@ -124,7 +140,14 @@ def review_rounds(
         history.extend(critiques)
         if any(c.status is TurnStatus.TIMEOUT for c in critiques):
             break
-        revisions = run_turns(revision_requests(task, council, settings, round_, current, critiques))
+        feedback = (
+            {agent_id: check_code(task, turn.content) for agent_id, turn in current.items()}
+            if check_code is not None and settings.feedback_for(task.role)
+            else None
+        )
+        revisions = run_turns(
+            revision_requests(task, council, settings, round_, current, critiques, feedback)
+        )
         history.extend(revisions)
         if any(r.status is TurnStatus.TIMEOUT for r in revisions):
             break

@@ -8,9 +8,11 @@ Arms, all with the same model and prompt:
   B  the baseline agent sampled k times at the council temperature, k chosen so B spends about the
      tokens D spent on the same problem, then our selector;
   C  the council's round-0 proposals (no review), then our selector;
-  D  the full council (proposals, R review rounds), final versions, then our selector.
-The selector sees only what the prompt shows (its worked examples, run against each candidate) and
-the deliberation score; the hidden tests decide pass/fail and never reach the selector.
+  D  the full council (proposals, R review rounds), final versions, then our selector;
+  E  the full council again, each author also shown its own code's checks before revising (whether
+     it runs, the prompt's worked examples as tests, lint), then our selector.
+The selector and E's authors see only what the prompt shows (its worked examples, run against each
+candidate) and the deliberation score; the hidden tests decide pass/fail and never reach either.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Arm(StrEnum):
     SAMPLED = "B"
     PROPOSALS = "C"
     COUNCIL = "D"
+    FEEDBACK = "E"
 
 
 ARM_LABELS: dict[Arm, str] = {
@@ -44,6 +47,7 @@ ARM_LABELS: dict[Arm, str] = {
     Arm.SAMPLED: "B single x k + selector",
     Arm.PROPOSALS: "C N proposals + selector",
     Arm.COUNCIL: "D council + selector",
+    Arm.FEEDBACK: "E council + execution feedback + selector",
 }
 
 

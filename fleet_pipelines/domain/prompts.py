@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from .models import AgentSpec, Message, Role, Task
+
+if TYPE_CHECKING:
+    from .scoring import CheckResult
+
+MAX_FEEDBACK_LINES = 8
+MAX_FEEDBACK_LINE_CHARS = 400
 
 ROLE_EXPERTISE: dict[Role, str] = {
     Role.DEV: "You are an expert software developer focused on clean, maintainable, well-tested code.",
@@ -73,13 +82,38 @@ def critique_messages(task: Task, critic: AgentSpec, peer_id: str, peer_proposal
     ]
 
 
+def feedback_block(checks: Sequence[CheckResult]) -> str:
+    """What running the author's own code showed: each check that applied or ran, its verdict, and
+    the first lines of what it saw (the first failing test, the lint findings)."""
+    lines = []
+    for check in checks:
+        if check.value is None and not check.ran:
+            continue
+        verdict = "could not run" if check.value is None else ("ok" if check.value >= 1.0 else "FAILED")
+        lines.append(f"- {check.name}: {verdict}: {check.evidence}")
+        shown = [line for line in check.output.splitlines() if line.strip()]
+        if check.value is not None and check.value < 1.0:
+            lines.extend(f"    {line[:MAX_FEEDBACK_LINE_CHARS]}" for line in shown[:MAX_FEEDBACK_LINES])
+    return "\n".join(lines)
+
+
 def revision_messages(
-    task: Task, author: AgentSpec, own_proposal: str, critiques: list[tuple[str, str]]
+    task: Task,
+    author: AgentSpec,
+    own_proposal: str,
+    critiques: list[tuple[str, str]],
+    feedback: Sequence[CheckResult] = (),
 ) -> list[Message]:
     received = "\n\n".join(f"Critique from {critic_id}:\n{text}" for critic_id, text in critiques)
+    ran = feedback_block(feedback)
+    checked = (
+        f"The checks ran on the code of your current proposal:\n{ran}\n\nFix every failure they show.\n\n"
+        if ran
+        else ""
+    )
     user = (
         f"{_task_block(task)}\n\nYour current proposal:\n\n{own_proposal}\n\n"
-        f"Your peers critiqued it:\n\n{received}\n\n"
+        f"Your peers critiqued it:\n\n{received}\n\n{checked}"
         "Write your revised proposal in full, fixing what the critiques got right, with the same "
         "sections and fenced code blocks."
     )

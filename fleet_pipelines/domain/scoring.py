@@ -67,6 +67,11 @@ class ScoringWeights(BaseModel):
     code_parses: float = Field(default=0.20, ge=0, description="Share of checkable blocks that parse.")
     lint: float = Field(default=0.10, ge=0, description="ruff on the extracted Python: 1 - 0.2 per issue.")
     tests: float = Field(default=0.35, ge=0, description="Share of the task's tests passed in the sandbox.")
+    runs: float = Field(
+        default=0.15,
+        ge=0,
+        description="The code can run: no undefined names or redefinitions, and it imports in the sandbox.",
+    )
     requirement_coverage: float = Field(default=0.15, ge=0, description="Share of requirements met.")
     sections: float = Field(default=0.05, ge=0, description="Share of requested sections addressed.")
     judge: float = Field(default=0.10, ge=0, description="LLM judge's rubric score / 10.")
@@ -107,12 +112,12 @@ class ProposalScore(BaseModel):
         return check.value if check else None
 
 
-GATE_CHECKS = ("code_parses", "tests")
+GATE_CHECKS = ("code_parses", "runs", "tests")
 
 
 def gate_failures(score: ProposalScore) -> list[str]:
-    """Why a proposal does not pass its hard checks: code that must parse and tests that must
-    pass. A check that could not run (tests not run: no isolation) is a failure here, not a pass."""
+    """Why a proposal does not pass its hard checks: code that must parse, run and pass its tests.
+    A check that could not run (tests not run: no isolation) is a failure here, not a pass."""
     failures = []
     for name in GATE_CHECKS:
         check = score.check(name)

@@ -20,8 +20,18 @@ from ..dispatch.ray_dispatch import AnyEngineSettings, DispatchSettings, RayTurn
 from ..domain import evaluation as ev
 from ..domain.council import CouncilSettings, build_council
 from ..domain.deliberation import current_versions, proposal_requests, review_rounds
-from ..domain.models import AgentSpec, Constraints, Task, TurnRequest, TurnResult, TurnStatus
-from ..domain.scoring import ScoringWeights, score_proposal
+from ..domain.models import (
+    MAX_EXAMPLES,
+    AgentSpec,
+    Constraints,
+    Task,
+    TaskExample,
+    TurnRequest,
+    TurnResult,
+    TurnStatus,
+)
+from ..domain.scoring import CheckResult, ScoringWeights, score_proposal
+from ..scoring.checks import execution_checks
 from ..scoring.sandbox import SandboxLimits, run_python
 
 # Tuned on the development split (HumanEval 0-39) only: asking for the whole function first made
@@ -135,10 +145,24 @@ def _samples(
     ]
 
 
+def feedback_checker(problem: ev.Problem, task: Task, limits: SandboxLimits):
+    """Arm E's `CodeChecker`: the deliberation's execution checks with the prompt's worked examples
+    as the task's tests (what the prompt already shows; never the hidden test)."""
+    examples = [TaskExample(call=e.call, expected=e.expected) for e in ev.parse_examples(problem)]
+    shown = task.model_copy(
+        update={"constraints": task.constraints.model_copy(update={"examples": examples[:MAX_EXAMPLES]})}
+    )
+
+    def check_code(_task: Task, text: str) -> list[CheckResult]:
+        return execution_checks(shown, text, limits)
+
+    return check_code
+
+
 def evaluate_problem(
     problem: ev.Problem, settings: EvaluationSettings, engine: AnyEngineSettings, dispatch: DispatchSettings
 ) -> list[ev.ArmOutcome]:
-    """Arms A, D (whose round 0 is C's proposals), then B at D's token budget, on one problem."""
+    """Arms A, D (whose round 0 is C's proposals), E, then B at D's token budget, on one problem."""
     task = problem_task(problem, settings)
     council_settings = CouncilSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
     agents = build_council(task.role, task.num_agents, council_settings)
@@ -161,6 +185,17 @@ def evaluate_problem(
     latest = current_versions(council_turns)
     # An agent with no usable version is still a candidate of the council: one that cannot pass.
     finals = [latest.get(p.agent_id, p) for p in proposals]
+
+    start = time.perf_counter()
+    fed_settings = council_settings.model_copy(update={"execution_feedback": True})
+    fed = run_turns(proposal_requests(task, agents, fed_settings))
+    fed_history = review_rounds(
+        task, agents, fed_settings, fed, run_turns, feedback_checker(problem, task, settings.sandbox)
+    )
+    fed_turns = [*fed, *fed_history]
+    fed_latest = current_versions(fed_turns)
+    fed_finals = [fed_latest.get(p.agent_id, p) for p in fed]
+    fed_wall = time.perf_counter() - start
 
     # B: samples of the baseline agent until they have spent about what the council spent.
     start = time.perf_counter()
@@ -185,6 +220,7 @@ def evaluate_problem(
         judge.outcome(ev.Arm.SAMPLED, samples, samples, sampled_wall),
         judge.outcome(ev.Arm.PROPOSALS, proposals, proposals, proposals_wall),
         judge.outcome(ev.Arm.COUNCIL, council_turns, finals, council_wall),
+        judge.outcome(ev.Arm.FEEDBACK, fed_turns, fed_finals, fed_wall),
     ]
 
 

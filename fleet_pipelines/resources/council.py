@@ -25,10 +25,19 @@ class CouncilResource(dg.ConfigurableResource):
     sandbox: SandboxLimitsConfig = Field(
         default_factory=SandboxLimitsConfig, description="Limits of one sandboxed test run."
     )
+    execution_feedback: bool | None = Field(
+        default=None,
+        description="Show each author its own code's check results (runs, tests with the first failure, "
+        "lint) before it revises. Default: on for roles that write code (DEV, QA, DEVOPS, DATA).",
+    )
     quorum: int | None = Field(
         default=None,
         description="Agents with a final proposal needed for a decision; default a majority of the council.",
     )
 
     def council_settings(self) -> CouncilSettings:
-        return CouncilSettings(temperature=self.temperature, max_tokens=self.max_tokens)
+        return CouncilSettings(
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            execution_feedback=self.execution_feedback,
+        )

@@ -1,6 +1,8 @@
-"""The checks that need a process or the engine: ruff lint, the task's tests in the sandbox, and
-the LLM judge. Each returns a `CheckResult` with what was run, an output excerpt and the reason;
-`score_finals` adds them to the pure checks of `domain.scoring` and weighs them all.
+"""The checks that need a process or the engine: ruff lint, whether the code runs, the task's
+tests in the sandbox, and the LLM judge. Each returns a `CheckResult` with what was run, an output
+excerpt and the reason; `score_finals` adds them to the pure checks of `domain.scoring` and weighs
+them all. `execution_checks` is the deliberation's `CodeChecker`: the same checks on an author's
+current proposal, for its revision prompt.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from .sandbox import SandboxLimits, run_tests
 
 LINT_PENALTY_PER_ISSUE = 0.2
 RUFF_RULES = "E4,E7,E9,F"  # ruff's defaults: syntax, undefined names, unused imports, ...
+# Findings that mean the code cannot run as written: undefined names (in a body they fail only
+# when called, which nothing may do), a name redefined over its first definition, syntax errors.
+NOT_RUNNABLE_RULES = ("F821", "F822", "F823", "F811", "E9")
 JUDGE_AGENT_ID = "judge"
 _EXCERPT = 1_500
 
@@ -38,32 +43,33 @@ def _ruff() -> str | None:
     return str(beside) if beside.exists() else shutil.which("ruff")
 
 
-def lint_check(code: str) -> CheckResult:
-    """ruff on the extracted Python with its default rules and no project config: 1 - 0.2 per issue."""
-    if not code.strip():
-        return CheckResult(name="lint", value=None, evidence="no Python code to lint")
+def ruff_issues(code: str) -> tuple[list[dict] | None, str]:
+    """ruff's findings on the code (None when ruff could not run or its output is unreadable), and
+    what was run or why not."""
     ruff = _ruff()
     if ruff is None:
-        return CheckResult(name="lint", value=None, evidence="not run: ruff is not installed")
+        return None, "not run: ruff is not installed"
     argv = [ruff, "check", "--isolated", "--select", RUFF_RULES, "--output-format", "json"]
     argv += ["--stdin-filename", "solution.py", "-"]
     done = subprocess.run(argv, input=code, capture_output=True, text=True, timeout=60)
-    ran = f"ruff check --isolated --select {RUFF_RULES} solution.py"
     try:
-        issues = json.loads(done.stdout)
+        return json.loads(done.stdout), f"ruff check --isolated --select {RUFF_RULES} solution.py"
     except json.JSONDecodeError:
-        return CheckResult(
-            name="lint",
-            value=None,
-            evidence="ruff output unreadable",
-            ran=ran,
-            output=done.stderr[-_EXCERPT:],
-        )
-    lines = [
-        f"line {i['location']['row']}: {i.get('code') or 'syntax'} {i['message']}"
-        for i in issues
-        if i.get("location")
-    ]
+        return None, f"ruff output unreadable: {done.stderr[-_EXCERPT:]}"
+
+
+def _finding(issue: dict) -> str:
+    return f"line {issue['location']['row']}: {issue.get('code') or 'syntax'} {issue['message']}"
+
+
+def lint_check(code: str, issues: list[dict] | None, ran: str) -> CheckResult:
+    """ruff (`ruff_issues`) on the extracted Python with its default rules and no project config:
+    1 - 0.2 per issue."""
+    if not code.strip():
+        return CheckResult(name="lint", value=None, evidence="no Python code to lint")
+    if issues is None:
+        return CheckResult(name="lint", value=None, evidence=ran)
+    lines = [_finding(i) for i in issues if i.get("location")]
     return CheckResult(
         name="lint",
         value=round(max(0.0, 1.0 - LINT_PENALTY_PER_ISSUE * len(issues)), 4),
@@ -71,6 +77,42 @@ def lint_check(code: str) -> CheckResult:
         ran=ran,
         output="\n".join(lines)[:_EXCERPT],
     )
+
+
+def runs_check(code: str, issues: list[dict] | None, limits: SandboxLimits) -> CheckResult:
+    """Whether the code can run at all: no undefined name, redefinition or syntax error among the
+    ruff findings, and `import solution` succeeds in the sandbox (nothing is called)."""
+    if not code.strip():
+        return CheckResult(name="runs", value=None, evidence="no Python code to run")
+    blocking = [
+        _finding(i)
+        for i in issues or []
+        if i.get("location") and (i.get("code") or "E9").startswith(NOT_RUNNABLE_RULES)
+    ]
+    if blocking:
+        return CheckResult(
+            name="runs",
+            value=0.0,
+            evidence=f"not runnable: {len(blocking)} undefined name(s), redefinition(s) or syntax error(s)",
+            ran=f"ruff check --select {','.join(NOT_RUNNABLE_RULES)}",
+            output="\n".join(blocking)[:_EXCERPT],
+        )
+    run = run_tests(code, [], "", limits)
+    result = run.result
+    ran = f"sandbox: import solution ({result.status}, {result.duration_s:.2f} s)"
+    if result.status in ("not_run", "error"):
+        return CheckResult(name="runs", value=None, evidence=f"not run: {result.reason}", ran=ran)
+    failed = [o for o in run.outcomes or [] if not o["passed"]]
+    if failed or not run.complete:
+        detail = failed[0]["detail"] if failed else f"{result.status}: {result.reason}"
+        return CheckResult(
+            name="runs",
+            value=0.0,
+            evidence="not runnable: importing the module failed",
+            ran=ran,
+            output=detail[-_EXCERPT:],
+        )
+    return CheckResult(name="runs", value=1.0, evidence="imports cleanly; no undefined names", ran=ran)
 
 
 def tests_check(task: Task, code: str, limits: SandboxLimits) -> CheckResult:
@@ -174,7 +216,13 @@ def score_finals(
     verdicts = {r.target_agent_id: r for r in run_turns(judge_requests(task, ordered, judge_max_tokens))}
     scored = []
     for agent_id, final in ordered.items():
-        code = python_source(extract_code_blocks(final.content))
-        tool_checks = [lint_check(code), tests_check(task, code, limits), judge_check(verdicts.get(agent_id))]
+        tool_checks = [*execution_checks(task, final.content, limits), judge_check(verdicts.get(agent_id))]
         scored.append(score_proposal(task, final, weights, tool_checks))
     return scored
+
+
+def execution_checks(task: Task, text: str, limits: SandboxLimits) -> list[CheckResult]:
+    """The checks that run a proposal's code (from its text): lint, runs, tests."""
+    code = python_source(extract_code_blocks(text))
+    issues, ran = ruff_issues(code) if code.strip() else (None, "no Python code to lint")
+    return [lint_check(code, issues, ran), runs_check(code, issues, limits), tests_check(task, code, limits)]

@@ -54,11 +54,12 @@ def test_tiny_evaluation_runs_every_arm_and_reports(stack_env, dagster_instance)
     assert sorted(zip(df["problem_id"], df["arm"], strict=True)) == sorted(
         (p, a.value) for p in PROBLEMS for a in Arm
     )
-    by_arm = {arm: df[df["arm"] == arm] for arm in "ABCD"}
+    by_arm = {arm: df[df["arm"] == arm] for arm in "ABCDE"}
     assert (by_arm["A"]["calls"] == 1).all() and (by_arm["A"]["candidates"] == 1).all()
     assert (by_arm["C"]["calls"] == 2).all() and (by_arm["C"]["candidates"] == 2).all()
     # D: 2 proposals, then each agent critiques the other and revises (when turns succeed).
     assert (by_arm["D"]["calls"] >= 2).all() and (by_arm["D"]["candidates"] == 2).all()
+    assert (by_arm["E"]["calls"] >= 2).all() and (by_arm["E"]["candidates"] == 2).all()
     assert by_arm["B"]["calls"].between(1, 6).all()
     assert (df["tokens_in"] > 0).all() and (df["tokens_out"] > 0).all() and (df["wall_s"] > 0).all()
 
@@ -73,10 +74,10 @@ def test_tiny_evaluation_runs_every_arm_and_reports(stack_env, dagster_instance)
 
     metadata = result.asset_materializations_for_node("evaluation")[0].metadata
     report = metadata["report"].value
-    assert "D vs B" in report and "D vs C" in report and "McNemar" in report
+    assert "D vs B" in report and "D vs C" in report and "E vs D" in report and "McNemar" in report
     png = re.search(r"base64,([A-Za-z0-9+/=]+)", metadata["plot"].value).group(1)
     assert base64.b64decode(png).startswith(b"\x89PNG")
-    assert len(metadata["summary"].value.records) == 4
+    assert len(metadata["summary"].value.records) == len(Arm)
     current = {arm: metadata[f"pass_at_1_{arm.value}"].value for arm in Arm}
     assert current["A"] == by_arm["A"]["passed"].mean()
 

@@ -123,6 +123,22 @@ def test_a_plan_carrying_tests_and_examples_has_its_tests_check_scored(tmp_path:
         assert score.value("tests") == 0.0
 
 
+def test_the_ui_shows_the_check_results_each_author_saw_before_revising(tmp_path: Path, nats_server: str):
+    fields = {
+        "description": "Write add(a, b).",
+        "role": "DEV",
+        "num_agents": 2,
+        "rounds": 1,
+        "tests": "def test_negative():\n    assert add(-1, -1) == -2\n",
+    }
+    wrong = ScriptedTurnRunner(code="def add(a, b):\n    return a - b")
+    result = run_job(tmp_path, nats_server, "add-fb", fields, wrong)
+    [reviews] = result.asset_materializations_for_node("reviews")
+    assert reviews.metadata["execution_feedback"].value is True
+    shown = reviews.metadata["feedback_shown"].value
+    assert "agent-dev-001, version of round 0" in shown and "FAIL test_negative" in shown
+
+
 def test_an_unknown_task_field_rejects_the_plan_naming_it():
     with pytest.raises(InvalidEvent, match="tets: Extra inputs are not permitted"):
         planned({"description": "Write add(a, b).", "role": "DEV", "tets": "assert add(1, 2) == 3"})

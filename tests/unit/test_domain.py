@@ -143,3 +143,55 @@ def test_timeout_stops_further_rounds():
     history = review_rounds(task, council, SETTINGS, proposals, engine)
     assert {h.round for h in history} == {1}
     assert all(h.status is TurnStatus.TIMEOUT for h in history)
+
+
+def test_authors_see_their_own_check_results_before_revising():
+    """The checker seam: what it returns for an author's current version reaches that author's
+    revision prompt; critiques are unchanged; no feedback for a role that does not write code."""
+    from fleet_pipelines.domain.scoring import CheckResult
+
+    checked: list[str] = []
+
+    def check_code(task, text):
+        checked.append(text)
+        failing = "agent-dev-002" in text
+        return [
+            CheckResult(
+                name="tests",
+                value=0.5 if failing else 1.0,
+                evidence="1/2 tests passed" if failing else "2/2 tests passed",
+                ran="sandbox",
+                output="FAIL test_negative: assert add(-1, -1) == -2" if failing else "all passed",
+            ),
+            CheckResult(name="lint", value=None, evidence="no Python code to lint"),
+        ]
+
+    task = Task(task_id="fb", description="add two numbers", role=Role.DEV, num_agents=2, rounds=1)
+    council = build_council(task.role, 2, SETTINGS)
+    engine = ScriptedEngine()
+    proposals = engine(proposal_requests(task, council, SETTINGS))
+    review_rounds(task, council, SETTINGS, proposals, engine, check_code)
+    revisions = {r.agent_id: r.messages[-1].content for r in engine.batches[-1]}
+    assert len(checked) == 2
+    assert "FAIL test_negative: assert add(-1, -1) == -2" in revisions["agent-dev-002"]
+    assert "- tests: FAILED: 1/2 tests passed" in revisions["agent-dev-002"]
+    assert "- tests: ok: 2/2 tests passed" in revisions["agent-dev-001"]
+    assert "FAIL" not in revisions["agent-dev-001"] and "lint" not in revisions["agent-dev-001"]
+    assert all("checks ran" not in r.messages[-1].content for r in engine.batches[1])  # critiques
+
+    architect = task.model_copy(update={"role": Role.ARCHITECT})
+    engine, checked[:] = ScriptedEngine(), []
+    review_rounds(
+        architect,
+        council,
+        SETTINGS,
+        engine(proposal_requests(architect, council, SETTINGS)),
+        engine,
+        check_code,
+    )
+    assert checked == [] and "checks ran" not in engine.batches[-1][0].messages[-1].content
+    forced = CouncilSettings(execution_feedback=True)
+    review_rounds(
+        architect, council, forced, engine(proposal_requests(architect, council, forced)), engine, check_code
+    )
+    assert len(checked) == 2

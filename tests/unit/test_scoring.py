@@ -15,7 +15,7 @@ from fleet_pipelines.domain.scoring import (
     requirement_verdicts,
 )
 from fleet_pipelines.llm.engine import EngineSettings
-from fleet_pipelines.scoring.checks import judge_check, lint_check, score_finals
+from fleet_pipelines.scoring.checks import judge_check, lint_check, ruff_issues, score_finals
 from fleet_pipelines.scoring.sandbox import SandboxLimits
 
 TASK = Task(
@@ -96,6 +96,36 @@ def test_code_that_does_not_parse_scores_below_code_that_does():
     assert broken.score < parses.score
 
 
+UNDEFINED_NAMES = SECTIONS + (  # parses, imports, but its only function uses two undefined names
+    "```python\ndef is_palindrome(s: str) -> bool:\n    return normalise(s) == reverse(s)\n```\n"
+)
+FAILS_ON_IMPORT = (
+    SECTIONS + "```python\nimport numpy_that_is_not_here\n\ndef is_palindrome(s):\n    return True\n```\n"
+)
+
+
+def test_code_that_cannot_run_is_marked_not_runnable_and_fails_the_gate_without_tests():
+    untested = TASK.model_copy(
+        update={"constraints": TASK.constraints.model_copy(update={"tests": "", "examples": []})}
+    )
+    finals = {
+        a.agent_id: final(a.agent_id, c)
+        for a, c in zip(AGENTS, [UNDEFINED_NAMES, FAILS_ON_IMPORT, CORRECT], strict=True)
+    }
+    scored = {
+        s.agent_id: s
+        for s in score_finals(untested, AGENTS, finals, ScoringWeights(), LIMITS, PAST_DEADLINE, 64)
+    }
+    undefined, unimportable, correct = (scored[a.agent_id] for a in AGENTS)
+    assert undefined.value("tests") is None  # the task has no tests: nothing called the function
+    assert undefined.value("runs") == 0.0 and "F821" in undefined.check("runs").output
+    assert unimportable.value("runs") == 0.0 and "numpy_that_is_not_here" in unimportable.check("runs").output
+    assert correct.value("runs") == 1.0 and "import solution" in correct.check("runs").ran
+    assert gate_failures(undefined)[0].startswith("runs = 0.00: not runnable")
+    assert gate_failures(correct) == []
+    assert correct.score > undefined.score and correct.score > unimportable.score
+
+
 def test_the_judge_is_recorded_as_not_scored_when_its_turn_did_not_finish():
     judge = score([CORRECT])["agent-dev-001"].check("judge")
     assert judge.value is None and "timeout" in judge.evidence
@@ -110,8 +140,9 @@ def test_requirement_coverage_finds_met_and_unmet_items_with_quotes():
 
 
 def test_lint_reports_issues_with_their_lines():
-    clean = lint_check("def f(x):\n    return x\n")
-    dirty = lint_check("import os\nimport sys\n\ndef f(x):\n    return y\n")
+    clean_code, dirty_code = "def f(x):\n    return x\n", "import os\nimport sys\n\ndef f(x):\n    return y\n"
+    clean = lint_check(clean_code, *ruff_issues(clean_code))
+    dirty = lint_check(dirty_code, *ruff_issues(dirty_code))
     assert clean.value == 1.0 and clean.evidence == "0 ruff issue(s)"
     assert dirty.value is not None and dirty.value < 1.0
     assert "F401" in dirty.output and "F821" in dirty.output and "line 5" in dirty.output
@@ -156,3 +187,23 @@ def test_ties_are_broken_by_the_judge():
     assert [r.agent_id for r in rank(scores, AGENTS)][:2] == ["agent-dev-001", "agent-dev-002"]
     judged = rank(scores, AGENTS, {"agent-dev-001": 0.4, "agent-dev-002": 0.9, "agent-dev-003": 1.0})
     assert [r.agent_id for r in judged] == ["agent-dev-002", "agent-dev-001", "agent-dev-003"]
+
+
+def test_an_authors_revision_prompt_carries_its_failing_test_from_the_real_sandbox():
+    from fleet_pipelines.domain.deliberation import proposal_requests, review_rounds
+    from fleet_pipelines.scoring.checks import execution_checks
+    from tests.scripted import ScriptedEngine
+
+    task = TASK.model_copy(update={"num_agents": 2})
+    council = build_council(Role.DEV, 2, CouncilSettings())
+    engine = ScriptedEngine(
+        code="def is_palindrome(s: str) -> bool:\n    t = s.lower()\n    return t == t[::-1]"
+    )
+    proposals = engine(proposal_requests(task, council, CouncilSettings()))
+    review_rounds(
+        task, council, CouncilSettings(), proposals, engine, lambda t, text: execution_checks(t, text, LIMITS)
+    )
+    prompt = engine.batches[-1][0].messages[-1].content
+    assert "- tests: FAILED: 2/3 tests passed" in prompt
+    assert "FAIL test_mixed" in prompt
+    assert "- runs: ok: imports cleanly" in prompt
