@@ -170,10 +170,12 @@ class PlanningRejected(BaseModel):
     stream_sequence: int = Field(description="Its sequence in that stream.")
     subject: str = Field(description="Its subject.")
     reason: str = Field(description="What is wrong with it, naming the field.")
-    original_size: int = Field(description="Size of the original body in bytes.")
-    original_sha256: str = Field(description="SHA-256 of the original body (hex).")
+    # Defaults only so that dead letters of earlier versions (which kept the whole original) load.
+    original_size: int | None = Field(default=None, description="Size of the original body in bytes.")
+    original_sha256: str | None = Field(default=None, description="SHA-256 of the original body (hex).")
     original_truncated: bool = Field(
-        description="True when the original below is cut short (or left out: a minimal dead letter)."
+        default=False,
+        description="True when the original below is cut short (or left out: a minimal dead letter).",
     )
     original_text: str | None = Field(default=None, description="The original (prefix) when valid UTF-8.")
     original_base64: str | None = Field(default=None, description="The original (prefix) otherwise.")

@@ -218,6 +218,6 @@ def decision_outcome(task: Task, decision: Decision, run_id: str, duration_ms: f
 def rejected_event(rejected: PlanningRejected) -> Event:
     """Keyed by stream, sequence and body hash: the same message is dead-lettered once, and a new
     message at the same sequence of a recreated stream gets its own dead letter."""
-    digest = rejected.original_sha256[:16]
+    digest = (rejected.original_sha256 or "-")[:16]
     key = f"planning.rejected:{rejected.stream}:{rejected.stream_sequence}:{digest}"
     return _envelope(PLANNING_REJECTED, key, rejected.model_dump(mode="json"), key, None)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from fleet_pipelines.events.models import EventEnvelope
+from fleet_pipelines.events.streams import PLANNING_REJECTED
 from fleet_pipelines.resources.events import NatsResource
 from tests.integration.test_sensor_planning import publish_raw, tick
 
@@ -57,3 +59,25 @@ def test_rejected_message_is_listed_and_redriven_once_fixed(dagster_instance, na
     requests, cursor, _, _ = tick(dagster_instance, nats_resource, cursor)
     assert [r.tags["fleet/plan_id"] for r in requests] == ["P-9"]
     assert tick(dagster_instance, nats_resource, cursor)[0] == []
+
+
+def test_a_truncated_original_needs_a_corrected_file_and_old_dead_letters_still_list(
+    dagster_instance, nats_resource
+):
+    big = b'{"story_id": "' + b"x" * 100_000  # not JSON, and over the 64 KiB a dead letter keeps
+    seq = publish_raw(nats_resource, big)
+    tick(dagster_instance, nats_resource, None)
+    refused = fleet(nats_resource, "redrive", str(seq))
+    assert refused.returncode == 2 and "keeps only part of the original (100014 bytes" in refused.stderr
+
+    # A dead letter written before dead letters were bounded (no size, hash or truncation flag).
+    old = {"stream": "PLANNING_EVENTS", "stream_sequence": 77, "subject": "planning.plan.approved"}
+    envelope = EventEnvelope(
+        event_type=PLANNING_REJECTED,
+        idempotency_key="planning.rejected:PLANNING_EVENTS:77",
+        correlation_id="c",
+        payload={**old, "reason": "old reason", "original_text": "{}", "original_headers": {}},
+    )
+    nats_resource.publish([(PLANNING_REJECTED, envelope)])
+    listed = fleet(nats_resource, "rejected")
+    assert listed.returncode == 0 and "seq 77: old reason" in listed.stdout
