@@ -99,6 +99,12 @@ def test_deliberate_sensor_run_event_and_result(
     responses = read_subject(nats_resource, "AGENT_RESPONSES", AGENT_RESPONSE_COMPLETED)
     assert sorted(r["payload"]["agent_id"] for r in responses) == ["agent-dev-001", "agent-dev-002"]
     assert all(r["payload"]["proposal"]["content"] for r in responses)
+    # The old system's consumers: its workers' agent.results.{task_id}, its collector's summary.
+    workers = read_subject(nats_resource, "AGENT_RESULTS", f"agent.results.{task_id}")
+    assert sorted(w["agent_id"] for w in workers) == ["agent-dev-001", "agent-dev-002"]
+    [collected] = read_subject(nats_resource, "DELIBERATION_RESULTS", "deliberation.completed")
+    assert collected["task_id"] == task_id and collected["status"] == "completed"
+    assert collected["total_agents"] == 2 and collected["successful_responses"] == 2
 
     env["FLEET_STORAGE_PATH"] = os.environ["FLEET_STORAGE_PATH"]  # where the IO manager wrote
     shown = fleet(env, "result", task_id, "--json", "--wait", "30")
