@@ -1,7 +1,7 @@
-"""10,000 generated messages through the planning sensor's drain on a real nats-server: deep
-nesting, huge numbers, invalid UTF-8, lone surrogates, control characters, oversized fields,
-odd message ids. None lets an exception out; each is planned or dead-lettered, and the cursor
-always moves past it."""
+"""10,000 generated messages through the planning sensor's drain on a real nats-server, ten per
+tick: deep nesting, huge numbers, invalid UTF-8, lone surrogates, control characters, oversized
+fields, odd message ids. None lets an exception out; each is planned or dead-lettered, and the
+cursor always moves past it."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tests.unit.test_planning_fuzz import enveloped, legacy, raw_bodies
 pytestmark = pytest.mark.integration
 
 EXAMPLES = 10_000
+BATCH = 10  # messages per tick
 
 deep = st.builds(
     lambda opener, n: opener * n,
@@ -79,25 +80,34 @@ def test_no_generated_message_lets_an_exception_out_of_the_sensor(session):
     loop, opened = session
     state = {"cursor": None, "count": 0}
 
-    async def one(data: bytes, msg_id: str | None) -> None:
-        # Odd ids, made unique (a repeated one is dropped by JetStream before the sensor sees it).
-        unique = f"{msg_id}#{state['count']}".encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-        ack = await opened.js.publish(
-            PLAN_APPROVED, data, headers={"Nats-Msg-Id": unique} if msg_id else None
-        )
-        drained = await drain(opened, state["cursor"], 10, 10.0)
+    async def tick(batch: list[tuple[bytes, str | None]]) -> None:
+        seqs = []
+        for data, msg_id in batch:
+            # Odd ids, made unique (a repeated one is dropped by JetStream before the sensor sees it).
+            unique = f"{msg_id}#{state['count']}".encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+            ack = await opened.js.publish(
+                PLAN_APPROVED, data, headers={"Nats-Msg-Id": unique} if msg_id else None
+            )
+            assert not ack.duplicate
+            seqs.append(ack.seq)
+            state["count"] += 1
+        drained = await drain(opened, state["cursor"], len(batch), 30.0)
         assert drained.error is None and drained.warning is None
-        assert drained.cursor.seq == ack.seq and not ack.duplicate
-        assert len(drained.rejected) + bool(drained.planned) == 1
+        assert drained.cursor.seq == seqs[-1]
+        # Each message is planned or dead-lettered, with a reason: never both, never neither.
+        rejected = [seq for seq, _ in drained.rejected]
+        planned = sorted({p.stream_seq for p in drained.planned})
+        assert sorted(rejected + planned) == seqs
         assert all(reason.strip() for _, reason in drained.rejected)
         run_requests(drained.planned)  # what the sensor hands to Dagster builds for every plan
         state["cursor"] = drained.cursor
-        state["count"] += 1
 
-    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(bodies, msg_ids)
-    def fuzz(data: bytes, msg_id: str | None) -> None:
-        loop.run_until_complete(one(data, msg_id))
+    @settings(
+        max_examples=EXAMPLES // BATCH, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
+    @given(st.lists(st.tuples(bodies, msg_ids), min_size=BATCH, max_size=BATCH))
+    def fuzz(batch: list[tuple[bytes, str | None]]) -> None:
+        loop.run_until_complete(tick(batch))
 
     fuzz()
     assert state["count"] >= EXAMPLES
