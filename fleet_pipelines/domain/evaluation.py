@@ -30,7 +30,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from .models import Role
 from .scoring import extract_code_blocks
 
-EXAMPLES_MARKER = "@@fleet-examples@@"
 _PYTHON_LANGS = frozenset({"", "python", "py", "python3"})
 
 
@@ -140,52 +139,43 @@ def empty_source(problem: Problem) -> str:
     return problem.prompt + "    pass\n"
 
 
-def _load_candidate(source: str) -> str:
-    return f"_ns = {{'__name__': 'candidate'}}\nexec(compile({source!r}, '<candidate>', 'exec'), _ns)\n"
+def hidden_tests(problem: Problem) -> str:
+    """Test code for the sandbox's harness (`run_tests`, the candidate as `solution.py`): the
+    hidden test's `check` called on the entry point. The test runs in the harness's test process,
+    where the candidate's names (the prompt's helpers too) are proxies to the candidate's process,
+    so nothing the candidate does can pass it but right answers."""
+    return f"{problem.test}\n\ndef test_hidden():\n    check({problem.entry_point})\n"
 
 
-def hidden_test_program(problem: Problem, source: str) -> str:
-    """A script that exits 0 only when the candidate passes the hidden test.
-
-    The candidate runs as module `candidate` (its `__main__` block does not run); the test runs in
-    the same namespace because some HumanEval tests call the prompt's helpers by name.
-    """
-    return (
-        _load_candidate(source)
-        + f"exec(compile({problem.test!r}, '<hidden-test>', 'exec'), _ns)\n"
-        + f"_ns['check'](_ns[{problem.entry_point!r}])\n"
-    )
-
-
-def examples_program(source: str, examples: Sequence[Example]) -> str:
-    """A script that runs the prompt's examples against the candidate and prints how many hold.
-
-    An example holds when the value equals the expected one evaluated as Python, or when its repr
-    equals the expected text (doctest's rule). The count is printed last after a marker.
-    """
-    pairs = [(e.call, e.expected) for e in examples]
-    return (
-        _load_candidate(source)
-        + f"_passed = 0\nfor _call, _want in {pairs!r}:\n"
-        + "    try:\n"
-        + "        _got = eval(_call, _ns)\n"
-        + "    except Exception:\n"
-        + "        continue\n"
-        + "    try:\n"
-        + "        _ok = _got == eval(_want, _ns)\n"
-        + "    except Exception:\n"
-        + "        _ok = False\n"
-        + "    _passed += bool(_ok) or repr(_got).strip() == _want.strip()\n"
-        + f"print({EXAMPLES_MARKER!r}, _passed, flush=True)\n"
-    )
+def examples_tests(examples: Sequence[Example]) -> str:
+    """Test code with one test per prompt example, for the harness like `hidden_tests`. An example
+    holds when the value equals the expected one evaluated as Python, or when its repr equals the
+    expected text (doctest's rule)."""
+    tests = []
+    for i, example in enumerate(examples):
+        tests.append(
+            f"def test_example_{i:03d}():\n"
+            f"    got = eval({example.call!r})\n"
+            "    try:\n"
+            f"        ok = got == eval({example.expected!r})\n"
+            "    except Exception:\n"
+            "        ok = False\n"
+            f"    assert ok or repr(got).strip() == {example.expected.strip()!r}\n"
+        )
+    return "\n\n".join(tests)
 
 
-def examples_passed(stdout: str) -> int:
-    """The count printed by `examples_program`; 0 when the script died before printing it."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(EXAMPLES_MARKER):
-            return int(line.split()[-1])
-    return 0
+def examples_passed(outcomes: Sequence[dict] | None) -> int:
+    """How many prompt examples held, from the harness's outcomes of `examples_tests`."""
+    return sum(o["passed"] for o in outcomes or [] if o["name"].startswith("test_example_"))
+
+
+def hidden_status(outcomes: Sequence[dict] | None, complete: bool, run_status: str) -> str:
+    """ "passed" only when the harness finished and every outcome of `hidden_tests` passed; else
+    the run's status ("timeout", "error") or "failed"."""
+    if not complete:
+        return run_status if run_status in ("timeout", "error") else "failed"
+    return "passed" if outcomes and all(o["passed"] for o in outcomes) else "failed"
 
 
 class Candidate(BaseModel):

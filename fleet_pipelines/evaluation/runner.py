@@ -3,8 +3,9 @@
 A problem task reuses the deliberation code: `proposal_requests` and `review_rounds` build the
 turns, `RayTurnDispatcher` runs them as Ray tasks against the engine (nested under the problem
 task, so the engine's parallel slots batch turns of several problems). Candidates are judged in
-the sandbox: the prompt's examples (what the selector may use) and the hidden test (the verdict),
-in separate runs, so the selector never sees a hidden result.
+the sandbox's harness (the candidate in its own process, outcomes on a channel it cannot reach):
+the prompt's examples (what the selector may use) and the hidden test (the verdict), in separate
+runs, so the selector never sees a hidden result.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ..domain.models import (
 )
 from ..domain.scoring import CheckResult, ScoringWeights, score_proposal
 from ..scoring.checks import execution_checks
-from ..scoring.sandbox import SandboxLimits, run_python
+from ..scoring.sandbox import SandboxLimits, run_tests
 
 # Tuned on the development split (HumanEval 0-39) only: asking for the whole function first made
 # SmolLM2-135M put a defining code block in 10/10 answers on problems 0-9.
@@ -82,14 +83,16 @@ class CandidateJudge:
     def _run(self, source: str) -> tuple[int, bool, str]:
         held = self._verdicts.get(source)
         if held is None:
+            limits = self.settings.sandbox
             examples = 0
             if self.examples:
-                shown = run_python(ev.examples_program(source, self.examples), self.settings.sandbox)
-                examples = ev.examples_passed(shown.stdout)
-            hidden = run_python(ev.hidden_test_program(self.problem, source), self.settings.sandbox)
-            if hidden.status == "not_run":
-                raise RuntimeError(f"sandbox cannot run hidden tests: {hidden.reason}")
-            held = self._verdicts[source] = (examples, hidden.status == "passed", hidden.status)
+                shown = run_tests(source, [], ev.examples_tests(self.examples), limits)
+                examples = ev.examples_passed(shown.outcomes)
+            hidden = run_tests(source, [], ev.hidden_tests(self.problem), limits)
+            if hidden.result.status == "not_run":
+                raise RuntimeError(f"sandbox cannot run hidden tests: {hidden.result.reason}")
+            status = ev.hidden_status(hidden.outcomes, hidden.complete, hidden.result.status)
+            held = self._verdicts[source] = (examples, status == "passed", status)
         return held
 
     def candidate(self, turn: TurnResult) -> ev.Candidate:

@@ -10,9 +10,21 @@ import pytest
 
 from fleet_pipelines.domain import evaluation as ev
 from fleet_pipelines.evaluation.suites import load_fleet, load_humaneval
-from fleet_pipelines.scoring.sandbox import isolation_available, run_python
+from fleet_pipelines.scoring.sandbox import isolation_available, run_tests
 
 PROBLEMS = load_humaneval() + load_fleet()
+
+
+def hidden(problem: ev.Problem, source: str) -> str:
+    run = run_tests(source, [], ev.hidden_tests(problem))
+    return ev.hidden_status(run.outcomes, run.complete, run.result.status)
+
+
+def examples_held(problem: ev.Problem, source: str) -> int:
+    examples = ev.parse_examples(problem)
+    if not examples:
+        return 0
+    return ev.examples_passed(run_tests(source, [], ev.examples_tests(examples)).outcomes)
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +34,12 @@ def verdicts() -> dict[str, tuple[str, str, int, int]]:
         pytest.fail(f"the sandbox cannot isolate here, so hidden tests cannot run: {why}")
 
     def judge(problem: ev.Problem) -> tuple[str, str, int, int]:
-        reference = run_python(ev.hidden_test_program(problem, ev.reference_source(problem)))
-        empty = run_python(ev.hidden_test_program(problem, ev.empty_source(problem)))
-        examples = ev.parse_examples(problem)
-        held = 0
-        if examples:
-            shown = run_python(ev.examples_program(ev.reference_source(problem), examples))
-            held = ev.examples_passed(shown.stdout)
-        return reference.status, empty.status, len(examples), held
+        return (
+            hidden(problem, ev.reference_source(problem)),
+            hidden(problem, ev.empty_source(problem)),
+            len(ev.parse_examples(problem)),
+            examples_held(problem, ev.reference_source(problem)),
+        )
 
     # Sandbox runs are separate processes in their own temp dirs: parallel-safe.
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -62,13 +72,20 @@ def test_a_chat_style_answer_is_judged_like_the_reference():
     main_block = (
         "```python\ndef strlen(s):\n    return len(s)\n\nif __name__ == '__main__':\n    exit(1)\n```"
     )
-    assert run_python(ev.hidden_test_program(problem, right)).status == "passed"
-    assert run_python(ev.hidden_test_program(problem, wrong)).status == "failed"
+    assert hidden(problem, right) == "passed"
+    assert hidden(problem, wrong) == "failed"
     # The candidate runs as a module, so its __main__ block does not decide the verdict.
-    assert (
-        run_python(ev.hidden_test_program(problem, ev.candidate_source(problem, main_block))).status
-        == "passed"
-    )
-    examples = ev.parse_examples(problem)
-    assert ev.examples_passed(run_python(ev.examples_program(wrong, examples)).stdout) == 0
-    assert ev.examples_passed(run_python(ev.examples_program(right, examples)).stdout) == len(examples)
+    assert hidden(problem, ev.candidate_source(problem, main_block)) == "passed"
+    assert examples_held(problem, wrong) == 0
+    assert examples_held(problem, right) == len(ev.parse_examples(problem))
+
+
+def test_a_candidate_that_exits_0_or_prints_a_verdict_does_not_pass():
+    problem = next(p for p in PROBLEMS if p.problem_id == "HumanEval/23")
+    for completion in (
+        "```python\nimport os\nos._exit(0)\ndef strlen(string):\n    return 0\n```",
+        "```python\ndef strlen(string):\n    print('@@fleet-examples@@ 9')\n    raise SystemExit(0)\n```",
+    ):
+        source = ev.candidate_source(problem, completion)
+        assert hidden(problem, source) == "failed"
+        assert examples_held(problem, source) == 0
