@@ -64,6 +64,7 @@ bench: model
 	$(PY) benchmarks/deliberation.py
 	$(PY) benchmarks/nats_events.py
 	$(PY) benchmarks/event_to_run.py
+	$(PY) benchmarks/sandbox_startup.py
 
 clean:
 	rm -rf .fleet $(VENV) $(VLLM_VENV)

@@ -234,7 +234,7 @@ def _check_names(files: dict[str, str]) -> None:
 
 
 def _memfd(name: str, data: bytes = b"") -> int:
-    fd = os.memfd_create(name, 0)  # not close-on-exec: inherited by bwrap on purpose
+    fd = os.memfd_create(name)  # close-on-exec; Popen's pass_fds hands it to bwrap only
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

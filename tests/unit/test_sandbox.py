@@ -584,6 +584,27 @@ def test_classes_generators_and_exceptions_of_the_solution_work_through_the_harn
     assert run.complete and all(o["passed"] for o in run.outcomes), run
 
 
+def test_the_solution_holds_no_descriptor_but_stdio_and_its_socket(box: Box):
+    program = textwrap.dedent(
+        """
+        import os, stat
+        held = []
+        for fd in range(1024):
+            try:
+                held.append(f"{fd}:{'socket' if stat.S_ISSOCK(os.fstat(fd).st_mode) else 'file'}")
+            except OSError:
+                pass
+        print(" ".join(held), flush=True)
+        def add(a, b):
+            return a + b
+        """
+    )
+    run = box.harness(program, EXAMPLES)
+    held = run.result.stdout.split()
+    assert held[:3] == ["0:file", "1:file", "2:file"] and len(held) == 4 and held[3].endswith(":socket")
+    assert run.complete and run.outcomes[0]["passed"]
+
+
 FORGERIES = {
     "prints the old marker and exits 0": (
         "import json, os\n"
