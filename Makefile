@@ -61,6 +61,7 @@ test-vllm: install-vllm model
 # Speed figures, printed as ratios measured in the same run. Longer ones, run by hand:
 # benchmarks/evaluation.py (a real council evaluation) and benchmarks/vllm_engines.py (.venv-vllm).
 bench: model
+	$(PY) benchmarks/startup.py
 	$(PY) benchmarks/deliberation.py
 	$(PY) benchmarks/nats_events.py
 	$(PY) benchmarks/event_to_run.py

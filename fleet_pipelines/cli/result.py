@@ -30,7 +30,6 @@ EXIT_WAIT_EXPIRED = 4
 def result(task_id: str, as_json: bool, wait: float) -> None:
     import dagster as dg
 
-    from ..events.bus import NatsError
     from ..events.results import TERMINAL, find_task_in_stream, task_result
     from ..resources.io import read_stored
     from ..settings import FleetSettings
@@ -38,11 +37,14 @@ def result(task_id: str, as_json: bool, wait: float) -> None:
 
     dagster_home()
     settings = FleetSettings.from_env()
-    nats = settings.nats()
 
     def find_in_stream(task_id: str) -> int | None:
+        from ..events.bus import NatsError  # only when no run knows the task: NATS is not needed before
+
         try:
-            return nats.session(lambda session: find_task_in_stream(session, task_id), ensure_streams=False)
+            return settings.nats().session(
+                lambda session: find_task_in_stream(session, task_id), ensure_streams=False
+            )
         except NatsError:
             return None
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import BaseModel, Field
 
 from ..assets import DELIBERATION_JOB, DELIBERATION_PARTITIONS
 from ..domain.decision import Decision
-from .bus import NatsSession
 from .planning import InvalidEvent, plan_deliberations
 from .streams import PLAN_APPROVED, PLANNING_STREAM
+
+if TYPE_CHECKING:
+    from .bus import NatsSession
 
 PARTITION_TAG = "dagster/partition"
 DECISION = dg.AssetKey("decision")

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import dagster as dg
 from pydantic import Field
 
-from ..events.bus import ConnectOptions, NatsSession, connect
-from ..events.models import Publishable
-from ..events.streams import StreamPlan
 from ..settings import DEFAULT_NATS_URL
+
+if TYPE_CHECKING:  # nats-py is imported when a session opens, not when the code location loads
+    from ..events.bus import ConnectOptions, NatsSession
+    from ..events.models import Publishable
+    from ..events.streams import StreamPlan
 
 T = TypeVar("T")
 
@@ -38,6 +40,8 @@ class NatsResource(dg.ConfigurableResource):
     )
 
     def options(self) -> ConnectOptions:
+        from ..events.bus import ConnectOptions
+
         return ConnectOptions(
             url=self.url,
             token=self.token,
@@ -56,6 +60,8 @@ class NatsResource(dg.ConfigurableResource):
 
         Raises events.bus.NatsError when the server cannot be reached.
         """
+
+        from ..events.bus import connect
 
         async def main() -> T:
             session = await connect(self.options())
