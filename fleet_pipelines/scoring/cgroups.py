@@ -3,7 +3,8 @@ count and CPU bandwidth limits on the whole sandbox, not per process.
 
 Two layouts are supported, whichever is writable by this process:
 - **cgroup v2 with delegation** (pods on current Kubernetes, systemd user slices): a child of the
-  process's own cgroup, with `memory`, `pids` (and `cpu` when offered) enabled in its parent's
+  process's own cgroup, with `memory` (and `pids`, `cpu` where offered: without `pids`, the
+  process count is bounded by RLIMIT_NPROC in the run's own user namespace) enabled in its
   `cgroup.subtree_control`. When that cgroup holds processes, they are first moved to a
   `fleet-leaf` child, as the "no internal processes" rule requires;
 - **cgroup v1** (this machine and CI): a child of the process's own cgroup in each of the `memory`,
@@ -42,14 +43,16 @@ class CgroupSupport:
     parents: dict[str, Path]  # v1: controller -> parent dir; v2: {"unified": parent}
 
     def describe(self) -> str:
-        controllers = "memory+swap, pids" + (", cpu" if self.has_cpu else "")
+        controllers = (
+            "memory+swap" + (", pids" if self.has("pids") else "") + (", cpu" if self.has("cpu") else "")
+        )
         return f"cgroup v{self.version} ({controllers})"
 
-    @property
-    def has_cpu(self) -> bool:
+    def has(self, controller: str) -> bool:
+        """Whether sandbox cgroups get this controller's limit (memory always does)."""
         if self.version == 1:
-            return "cpu" in self.parents
-        return "cpu" in _controllers(self.parents["unified"] / "cgroup.subtree_control")
+            return controller in self.parents
+        return controller in _controllers(self.parents["unified"] / "cgroup.subtree_control")
 
 
 def _read(path: Path) -> str:
@@ -113,9 +116,9 @@ def _writable(path: Path) -> bool:
 
 
 def _enable_v2(parent: Path) -> bool:
-    """memory and pids (cpu if offered) enabled for the children of `parent`."""
+    """memory (pids and cpu where offered) enabled for the children of `parent`."""
     offered = _controllers(parent / "cgroup.controllers")
-    if not {"memory", "pids"} <= offered:
+    if "memory" not in offered:
         return False
     wanted = [c for c in ("memory", "pids", "cpu") if c in offered]
     if set(wanted) <= _controllers(parent / "cgroup.subtree_control"):
@@ -198,8 +201,9 @@ class SandboxCgroup:
             (unified / "memory.max").write_text(str(memory))
             if (unified / "memory.swap.max").exists():
                 (unified / "memory.swap.max").write_text("0")
-            (unified / "pids.max").write_text(str(max_processes))
-            if self.support.has_cpu:
+            if self.support.has("pids"):
+                (unified / "pids.max").write_text(str(max_processes))
+            if self.support.has("cpu"):
                 (unified / "cpu.max").write_text(f"{quota} {_CPU_PERIOD_US}")
             return
         mem = self.dirs["memory"]

@@ -239,10 +239,10 @@ def _setup() -> _Setup | tuple[None, str]:
     if not ok and setup.cgroup is not None:  # a cgroup tree we may write but not use: rlimits only
         setup = dataclasses.replace(setup, cgroup=None)
         ok, why = _probe(setup)
-    if ok and root and setup.cgroup is None and not setup.own_uid:
+    if ok and root and not setup.own_uid and not (setup.cgroup and setup.cgroup.has("pids")):
         # RLIMIT_NPROC does not apply to uid 0: nothing would bound a fork bomb.
         return None, (
-            "as root without a writable cgroup each run needs its own unprivileged uid, but the "
+            "as root without a writable pids cgroup each run needs its own unprivileged uid, but the "
             f"interpreter, its libraries or bwrap are not readable by other users: {setup.sources()}"
         )
     return setup if ok else (None, why)

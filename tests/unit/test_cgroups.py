@@ -42,8 +42,20 @@ def test_a_delegated_v2_cgroup_gets_children_with_whole_sandbox_limits(tmp_path:
     assert (child / "cgroup.procs").read_text() == "4242"
 
 
-def test_v2_without_memory_and_pids_offered_falls_back_to_none(tmp_path: Path):
-    _tree(tmp_path, "cpu io")
+def test_v2_with_memory_only_limits_memory_and_says_so(tmp_path: Path):
+    """Delegated memory but not pids (as some hosts do): the process count is left to the run's
+    RLIMIT_NPROC in its own user namespace."""
+    pod = _tree(tmp_path, "memory io")
+    support = cgroups.detect("0::/kubepods/pod1\n", MOUNTINFO.format(root=tmp_path))
+    assert support is not None and support.describe() == "cgroup v2 (memory+swap)"
+    group = cgroups.SandboxCgroup.create(support, memory_mb=64, max_processes=16, cpus=1)
+    assert (group.dirs["unified"] / "memory.max").read_text() == str(64 * 1024 * 1024)
+    assert not (group.dirs["unified"] / "pids.max").exists()
+    assert (pod / "cgroup.subtree_control").read_text() == "+memory"
+
+
+def test_v2_without_memory_offered_falls_back_to_none(tmp_path: Path):
+    _tree(tmp_path, "cpu io pids")
     assert cgroups.detect("0::/kubepods/pod1\n", MOUNTINFO.format(root=tmp_path)) is None
 
 
