@@ -208,9 +208,12 @@ def _python_binds(python: str) -> tuple[str, ...]:
 
 
 def _probe(setup: _Setup) -> tuple[bool, str]:
-    result = _run(
-        setup, "script", {"main.py": "import socket\nsocket.socket().close()\n"}, SandboxLimits(wall_s=20)
-    )
+    try:
+        result = _run(
+            setup, "script", {"main.py": "import socket\nsocket.socket().close()\n"}, SandboxLimits(wall_s=20)
+        )
+    except OSError as exc:  # e.g. root without CAP_SETUID cannot take a sandbox uid
+        return False, f"probe run failed: {exc!r}"
     if result.status != "passed":
         return False, f"probe run failed: {result.reason}: {result.stderr[-300:]}"
     return True, setup.isolation()
