@@ -6,6 +6,7 @@ import dagster as dg
 
 from .assets.deliberation import deliberation_assets, deliberation_job
 from .assets.evaluation import evaluation, evaluation_job
+from .assets.story import story_decisions
 from .schedules.evaluation import build_nightly_evaluation
 from .sensors import build_event_sensors
 from .settings import FleetSettings
@@ -13,7 +14,7 @@ from .settings import FleetSettings
 settings = FleetSettings.from_env()
 
 defs = dg.Definitions(
-    assets=[*deliberation_assets, evaluation],
+    assets=[*deliberation_assets, story_decisions, evaluation],
     jobs=[deliberation_job, evaluation_job],
     schedules=[build_nightly_evaluation(settings)],
     sensors=build_event_sensors(deliberation_job, settings),

@@ -76,6 +76,7 @@ class ScriptedTurnRunner(TurnRunnerResource):
     code: str = Field(default="", description="Python each proposal and revision carries.")
     judge_score: float = Field(default=7, description="The judge's score of every proposal (0-10).")
     fail_agents: list[str] = Field(default_factory=list, description="Agents whose every turn fails.")
+    record_to: str = Field(default="", description="A file each request is appended to, one JSON line each.")
     _engine: ScriptedEngine = PrivateAttr()
 
     def setup_for_execution(self, context) -> None:
@@ -87,4 +88,17 @@ class ScriptedTurnRunner(TurnRunnerResource):
         return "scripted"
 
     def run_turns(self, requests: Sequence[TurnRequest], deadline: float | None) -> list[TurnResult]:
+        record(self.record_to, requests)
         return self._engine(requests)
+
+
+def record(path: str, requests: Sequence[TurnRequest]) -> None:
+    """Appends the requests to `path` (when given), so a test reads what each agent was sent."""
+    if path:
+        with open(path, "a") as out:
+            out.writelines(r.model_dump_json() + "\n" for r in requests)
+
+
+def recorded(path) -> list[TurnRequest]:
+    with open(path) as lines:
+        return [TurnRequest.model_validate_json(line) for line in lines]

@@ -1,6 +1,6 @@
 """A deliberation as assets of one dynamic partition (partition key = task id).
 
-deliberation_task -> proposals -> reviews -> scores -> decision. The assets exchange domain
+deliberation_task -> story_context -> proposals -> reviews -> scores -> decision. The assets exchange domain
 objects (stored as JSON by the `io_manager`); each one calls the domain, hands agent turns to the
 `turn_runner`, and shows its value in the UI as metadata.
 """
@@ -16,6 +16,7 @@ import dagster as dg
 from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
+from ..domain.context import StoryContext
 from ..domain.council import build_council
 from ..domain.decision import Decision, decide, rank
 from ..domain.deliberation import current_versions, proposal_requests, review_rounds
@@ -33,11 +34,10 @@ from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
 from ..resources.turns import TurnRunnerResource
 from ..scoring.checks import execution_checks, score_finals
-from . import DELIBERATION_JOB, DELIBERATION_PARTITIONS
+from . import DELIBERATION_JOB
+from .partitions import GROUP, deliberation_partitions
 from .previews import table, turns_metadata
-
-deliberation_partitions = dg.DynamicPartitionsDefinition(name=DELIBERATION_PARTITIONS)
-GROUP = "deliberation"
+from .story import report_story_decision, story_context
 
 
 def _config_type(annotation: Any) -> Any:
@@ -134,12 +134,14 @@ def deliberation_task(context: dg.AssetExecutionContext, config: DeliberationCon
 def proposals(
     context: dg.AssetExecutionContext,
     deliberation_task: Task,
+    story_context: StoryContext,
     council: CouncilResource,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
 ) -> dg.Output[list[TurnResult]]:
-    """Round 0: every agent of the council writes a proposal, all turns in one batch."""
-    task = deliberation_task
+    """Round 0: every agent of the council writes a proposal, all turns in one batch, the story's
+    context in its prompt."""
+    task = deliberation_task.model_copy(update={"context": story_context})
     settings = council.council_settings()
     agents = build_council(task.role, task.num_agents, settings)
     results = turn_runner.run_turns(proposal_requests(task, agents, settings), _deadline(context, task))
@@ -153,6 +155,7 @@ def proposals(
 def reviews(
     context: dg.AssetExecutionContext,
     deliberation_task: Task,
+    story_context: StoryContext,
     proposals: list[TurnResult],
     council: CouncilResource,
     turn_runner: TurnRunnerResource,
@@ -160,7 +163,7 @@ def reviews(
 ) -> dg.Output[list[TurnResult]]:
     """R rounds: each agent critiques its peers' current proposals, then revises its own, seeing
     its own code's check results where execution feedback is on for the role."""
-    task = deliberation_task
+    task = deliberation_task.model_copy(update={"context": story_context})
     settings = council.council_settings()
     agents = build_council(task.role, task.num_agents, settings)
     limits = council.sandbox.to_model()
@@ -307,10 +310,11 @@ def decision(
     task = deliberation_task
     agents = build_council(task.role, task.num_agents, council.council_settings())
     turns = [*proposals, *reviews]
+    finals = current_versions(turns)
     result = decide(
         agents,
         turns,
-        current_versions(turns),
+        finals,
         {s.agent_id: s.score for s in scores},
         {s.agent_id: s.value("judge") for s in scores},
         council.quorum,
@@ -326,6 +330,7 @@ def decision(
             collector_event(task, proposals, context.run_id, duration_ms),
         ]
     )
+    report_story_decision(context, task, result, finals.get(result.winner_id or ""))
     ranking_md = "\n".join(f"{r.rank}. {r.agent_id} — {r.score:.3f}" for r in result.ranking) or "_none_"
     yield dg.Output(
         result,
@@ -378,7 +383,7 @@ def winner_passes_checks(decision: Decision, scores: Sequence[ProposalScore]) ->
     )
 
 
-deliberation_assets = [deliberation_task, proposals, reviews, scores, decision]
+deliberation_assets = [deliberation_task, story_context, proposals, reviews, scores, decision]
 
 deliberation_job = dg.define_asset_job(
     DELIBERATION_JOB,

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from pydantic.fields import FieldInfo
 
+from .context import StoryContext
+
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 MAX_DESCRIPTION_CHARS = 8_000
 MAX_RUBRIC_CHARS = 4_000
@@ -25,6 +27,9 @@ MAX_ROUNDS = 3
 MAX_TEST_CHARS = 20_000
 MAX_EXAMPLES = 32
 MAX_EXAMPLE_CHARS = 1_000
+MAX_STORY_TITLE_CHARS = 256
+MAX_STORY_DESCRIPTION_CHARS = 4_000
+MAX_ACCEPTANCE_CRITERIA = 32
 
 
 class Role(StrEnum):
@@ -128,6 +133,24 @@ class Task(BaseModel):
     constraints: Constraints = Field(default_factory=Constraints)
     story_id: str | None = Field(default=None, max_length=256, description="Story the task belongs to.")
     plan_id: str | None = Field(default=None, max_length=256, description="Plan the task belongs to.")
+    story_title: str | None = Field(
+        default=None, max_length=MAX_STORY_TITLE_CHARS, description="The story's title (from the plan)."
+    )
+    story_description: str | None = Field(
+        default=None,
+        max_length=MAX_STORY_DESCRIPTION_CHARS,
+        description="The story's description (from the plan).",
+    )
+    acceptance_criteria: list[Requirement] = Field(
+        default_factory=list,
+        max_length=MAX_ACCEPTANCE_CRITERIA,
+        description="The story's acceptance criteria (from the plan).",
+    )
+    context: StoryContext = Field(
+        default_factory=StoryContext,
+        description="The story's context as the prompts show it: assembled by the `story_context` "
+        "asset, never part of a task's flat form.",
+    )
 
     @classmethod
     def from_fields(cls, task_id: str, fields: Mapping[str, Any]) -> Task:
@@ -140,11 +163,13 @@ class Task(BaseModel):
 
     def fields(self) -> dict[str, Any]:
         """The flat form (JSON values) without the task id: what `from_fields` reads back."""
-        flat = self.model_dump(mode="json", exclude={"task_id", "constraints"})
+        flat = self.model_dump(mode="json", exclude={"task_id", "constraints", "context"})
         return {**flat, **self.constraints.model_dump(mode="json")}
 
 
 CONSTRAINT_FIELDS = frozenset(Constraints.model_fields)
+STORY_FIELDS = ("story_id", "plan_id", "story_title", "story_description", "acceptance_criteria")
+"""The plan's fields that every task of the plan shares: a planned task does not give its own."""
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -160,7 +185,7 @@ def flat_task_fields() -> dict[str, tuple[Any, FieldInfo]]:
     fields = {
         name: (info.annotation, info)
         for name, info in Task.model_fields.items()
-        if name not in ("task_id", "constraints")
+        if name not in ("task_id", "constraints", "context")
     }
     fields.update({name: (info.annotation, info) for name, info in Constraints.model_fields.items()})
     return fields

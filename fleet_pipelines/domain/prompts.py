@@ -52,6 +52,9 @@ def system_prompt(task: Task, agent: AgentSpec) -> str:
 
 def _task_block(task: Task) -> str:
     text = f"Task: {task.description}"
+    context = task.context.render()
+    if context:
+        text += f"\n\n{context}"
     if task.constraints.metadata:
         lines = "\n".join(f"{k}: {v}" for k, v in task.constraints.metadata.items())
         text += f"\n\nAdditional context:\n{lines}"

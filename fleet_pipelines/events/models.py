@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from ..domain.models import Role, flat_task_fields
+from ..domain.models import STORY_FIELDS, Requirement, Role, Task, flat_task_fields
 
 SCHEMA_VERSION = 1
 PRODUCER = "fleet-pipelines"
@@ -74,8 +74,8 @@ PlannedTask = create_model(
         str | None,
         Field(default=None, description="Partition key; derived from plan, role and position when absent."),
     ),
-    # The plan's story and plan ids are the task's: a task does not name its own.
-    **{name: spec for name, spec in flat_task_fields().items() if name not in ("story_id", "plan_id")},
+    # The plan's story fields are the task's: a task does not name its own.
+    **{name: spec for name, spec in flat_task_fields().items() if name not in STORY_FIELDS},
 )
 
 
@@ -94,6 +94,9 @@ class PlanApproved(BaseModel):
         max_length=MAX_TASKS_PER_PLAN,
         description="Explicit tasks; without them one task per role.",
     )
+    story_title: str | None = Task.model_fields["story_title"]
+    story_description: str | None = Task.model_fields["story_description"]
+    acceptance_criteria: list[Requirement] = Task.model_fields["acceptance_criteria"]
     approved_at: str | None = Field(default=None, description="Approval time (what the planner sends).")
     timestamp: str | None = Field(default=None, description="Approval time (the seed contract's name).")
 

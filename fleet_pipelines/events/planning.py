@@ -9,7 +9,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..domain.models import Task
+from ..domain.models import STORY_FIELDS, Task
 from .models import EventEnvelope, PlanApproved, PlannedTask, PlanningRejected, utc_now
 from .streams import PLAN_APPROVED
 
@@ -193,7 +193,8 @@ def _plan(message: StreamMessage) -> list[PlannedDeliberation]:
 
     planned = []
     for task_id, given in wanted:
-        fields = {**given, "story_id": plan.story_id, "plan_id": plan.plan_id}  # the run's config
+        story = plan.model_dump(mode="json", include=set(STORY_FIELDS), exclude_defaults=True)
+        fields = {**given, **story, "story_id": plan.story_id, "plan_id": plan.plan_id}  # the run's config
         try:
             task = Task.from_fields(task_id, fields)
         except ValidationError as exc:

@@ -28,6 +28,8 @@ AGENT_CRITIQUE = "agent.critique"  # .completed | .failed
 AGENT_REVISION = "agent.revision"  # .completed | .failed
 # What the old system's consumers read: its workers' per-agent results and its collector's summary.
 AGENT_RESULTS = "agent.results"  # .{task_id}
+# What the context service says of a story (read into the story's context): context.updated.{story_id}
+CONTEXT_UPDATED = "context.updated"
 COLLECTOR_COMPLETED = "deliberation.completed"
 COLLECTOR_FAILED = "deliberation.failed"
 VLLM_STREAMING = "vllm.streaming"  # .{task_id}: token chunks

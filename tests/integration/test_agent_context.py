@@ -1,20 +1,27 @@
 """What agents know, against the real local engine (llama.cpp, SmolLM2-135M) on a real Ray head:
-their own code's check results when they revise."""
+their own code's check results when they revise; their story's context and earlier decisions."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+from pydantic import Field
 
+from fleet_pipelines.assets.deliberation import materialize_deliberation
+from fleet_pipelines.assets.story import STORY_DECISIONS, story_context
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import review_rounds
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, TurnResult, TurnStatus
 from fleet_pipelines.llm.engine import EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME
+from fleet_pipelines.resources.turns import RayTurnRunner
 from fleet_pipelines.scoring.checks import execution_checks
 from fleet_pipelines.scoring.sandbox import SandboxLimits
+from tests.scripted import record, recorded
 
 pytestmark = pytest.mark.integration
 
@@ -67,3 +74,59 @@ def test_an_authors_revision_prompt_carries_its_failing_test(llm_server, ray_hea
         assert "- tests: FAILED: 0/1 tests passed" in prompt
         assert "FAIL test_sum" in prompt
     assert any(t.kind is TurnKind.REVISE and t.ok for t in history)
+
+
+class RecordingRayTurnRunner(RayTurnRunner):
+    """The stack's runner, writing down every request it sends to the engine."""
+
+    record_to: str = Field(description="File each request is appended to.")
+
+    def run_turns(self, requests: Sequence[TurnRequest], deadline: float | None) -> list[TurnResult]:
+        record(self.record_to, requests)
+        return super().run_turns(requests, deadline)
+
+
+def test_a_story_of_two_tasks_carries_the_plans_story_and_the_first_decision_into_the_second(
+    stack_env, dagster_instance, tmp_path: Path
+):
+    log = tmp_path / "requests.jsonl"
+    runner = stack_env["turn_runner"]
+    resources = {
+        **stack_env,
+        "turn_runner": RecordingRayTurnRunner(
+            engine=runner.engine, ray_cluster=runner.ray_cluster, record_to=str(log)
+        ),
+    }
+    story = {
+        "role": "DEV",
+        "num_agents": 2,
+        "rounds": 0,
+        "story_id": "US-real-1",
+        "plan_id": "P-real-1",
+        "story_title": "Interval tools",
+        "story_description": "A library of helpers for closed integer intervals.",
+        "acceptance_criteria": ["intervals are (start, end) tuples"],
+    }
+    first = materialize_deliberation(
+        dagster_instance, resources, "story-t1", {**story, "description": "Write overlaps(a, b)."}
+    )
+    decision = first.output_for_node("decision")
+    assert decision.winner_id
+    sent_first = len(recorded(log))
+    second = materialize_deliberation(
+        dagster_instance, resources, "story-t2", {**story, "description": "Write merge(intervals)."}
+    )
+    assert second.success
+    first_prompts = [r.messages[-1].content for r in recorded(log)[:sent_first] if r.kind is TurnKind.PROPOSE]
+    second_prompts = [
+        r.messages[-1].content for r in recorded(log)[sent_first:] if r.kind is TurnKind.PROPOSE
+    ]
+    assert first_prompts and second_prompts
+    for prompt in first_prompts + second_prompts:  # the plan's story context reaches the prompts
+        assert "Title: Interval tools" in prompt and "- intervals are (start, end) tuples" in prompt
+    for prompt in second_prompts:  # and the first task's decision reaches the second's
+        assert f"(decision of story-t1 (run {first.run_id[:8]})) " in prompt
+        assert f"winner {decision.winner_id}" in prompt
+    assert all("Decisions already taken" not in p for p in first_prompts)
+    # Through lineage: story_context depends on story_decisions in the asset graph.
+    assert STORY_DECISIONS in story_context.dependency_keys

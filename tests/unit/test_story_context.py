@@ -1,0 +1,180 @@
+"""A story's context: the plan's story fields, context events on the CONTEXT stream and the
+decisions of the story's earlier deliberations reach the prompts, bounded, with their sources."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+
+from fleet_pipelines.assets.deliberation import deliberation_assets, deliberation_job, deliberation_run_config
+from fleet_pipelines.assets.partitions import deliberation_partitions
+from fleet_pipelines.assets.story import STORY_DECISIONS, story_decisions
+from fleet_pipelines.domain.context import ContextEntry, assemble
+from fleet_pipelines.domain.models import TurnKind
+from fleet_pipelines.events.context import context_entry, context_subject
+from fleet_pipelines.events.models import EventEnvelope
+from fleet_pipelines.events.planning import StreamMessage, plan_deliberations
+from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM
+from fleet_pipelines.resources.council import CouncilResource
+from fleet_pipelines.resources.events import NatsResource
+from fleet_pipelines.resources.io import DomainIOManager
+from tests.scripted import ScriptedTurnRunner, recorded
+
+ADD = "def add(a, b):\n    return a + b"
+
+
+def entry(kind, source, text):
+    return ContextEntry(kind=kind, source=source, text=text)
+
+
+def test_the_context_keeps_the_story_then_the_newest_decisions_and_updates_within_its_bound():
+    story = entry("story", "plan P", "Title: checkout")
+    decisions = [entry("decision", f"decision of t{i}", "d" * 300) for i in range(5)]
+    updates = [entry("update", f"CONTEXT_EVENTS #{i}", "u" * 300) for i in range(5)]
+    built = assemble("S", story, decisions, updates, max_chars=1_500)
+    kinds = [e.kind for e in built.entries]
+    assert kinds[0] == "story" and set(kinds) == {"story", "decision"}
+    assert [e.source for e in built.entries if e.kind == "decision"] == [
+        "decision of t1",
+        "decision of t2",
+        "decision of t3",
+        "decision of t4",
+    ]  # newest kept, shown oldest first
+    assert "decision of t0" in built.dropped and "CONTEXT_EVENTS #4" in built.dropped
+    assert sum(len(e.text) for e in built.entries) <= 1_500
+    long = assemble("S", None, [], [entry("update", "x", "y" * 5_000)])
+    assert long.entries[0].text.endswith("…[truncated]") and len(long.entries[0].text) <= 1_200
+    assert assemble(None, None, [], []).render() == ""
+
+
+def test_context_events_parse_flat_or_enveloped_and_belong_to_their_story():
+    flat = context_entry(
+        "CONTEXT_EVENTS", 3, b'{"story_id": "S1", "content": "uses Postgres", "source": "ctx"}', "S1"
+    )
+    assert (flat.kind, flat.source, flat.text) == ("update", "CONTEXT_EVENTS #3 from ctx", "uses Postgres")
+    enveloped = json.dumps({"event_type": "context.updated", "payload": {"story_id": "S1", "summary": "s"}})
+    assert context_entry("C", 4, enveloped.encode(), "S1").text == "s"
+    for bad in (b"not json", b'{"story_id": "S2", "summary": "x"}', b'{"story_id": "S1"}'):
+        try:
+            context_entry("C", 5, bad, "S1")
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {bad!r}")
+    assert context_subject("US-42") == "context.updated.US-42"
+    assert context_subject("a.b") is None and context_subject("a b") is None
+
+
+def test_a_plans_story_fields_travel_to_every_task_and_not_from_a_task():
+    body = {
+        "story_id": "US-7",
+        "plan_id": "P-7",
+        "approved_by": "po",
+        "timestamp": "2026-01-01T00:00:00Z",
+        "roles": ["DEV", "QA"],
+        "story_title": "Refunds",
+        "story_description": "Customers get refunds.",
+        "acceptance_criteria": ["refund within 5 days"],
+    }
+    message = StreamMessage(
+        stream=PLANNING_STREAM, seq=1, subject=PLAN_APPROVED, data=json.dumps(body).encode()
+    )
+    for planned in plan_deliberations(message):
+        assert planned.task_config["story_title"] == "Refunds"
+        assert planned.task_config["acceptance_criteria"] == ["refund within 5 days"]
+    with_task_story = {**body, "tasks": [{"description": "x", "role": "DEV", "story_title": "mine"}]}
+    message = message.model_copy(update={"data": json.dumps(with_task_story).encode()})
+    try:
+        plan_deliberations(message)
+    except ValueError as exc:
+        assert "story_title" in str(exc)
+    else:
+        raise AssertionError("a task gave its own story title")
+
+
+def run(instance, tmp_path: Path, nats_url: str, task_id: str, fields: dict, log: Path):
+    defs = dg.Definitions(
+        assets=[*deliberation_assets, story_decisions],
+        jobs=[deliberation_job],
+        resources={
+            "turn_runner": ScriptedTurnRunner(code=ADD, record_to=str(log)),
+            "council": CouncilResource(),
+            "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
+            "nats": NatsResource(url=nats_url),
+        },
+    )
+    instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
+    result = defs.resolve_job_def(deliberation_job.name).execute_in_process(
+        run_config=deliberation_run_config(fields), instance=instance, partition_key=task_id
+    )
+    assert result.success
+    return result, defs
+
+
+def test_a_story_of_two_tasks_the_second_sees_the_first_decision_story_fields_and_context_events(
+    tmp_path: Path, nats_server: str
+):
+    story = f"US-{tmp_path.name[-12:].replace('_', '-')}"
+    NatsResource(url=nats_server).publish(
+        [
+            (
+                context_subject(story),
+                EventEnvelope(
+                    event_type="context.updated",
+                    idempotency_key=f"ctx-{story}",
+                    correlation_id=story,
+                    payload={
+                        "story_id": story,
+                        "summary": "Amounts are integers in cents.",
+                        "source": "ctx-svc",
+                    },
+                ),
+            )
+        ]
+    )
+    common = {
+        "role": "DEV",
+        "num_agents": 2,
+        "rounds": 0,
+        "story_id": story,
+        "plan_id": "P-1",
+        "story_title": "Money arithmetic",
+        "acceptance_criteria": ["never loses a cent"],
+    }
+    (tmp_path / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        first_log, second_log = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+        first, _ = run(
+            instance, tmp_path, nats_server, "t1", {**common, "description": "Write add."}, first_log
+        )
+        winner = first.output_for_node("decision").winner_id
+        second, defs = run(
+            instance, tmp_path, nats_server, "t2", {**common, "description": "Write sub."}, second_log
+        )
+
+        first_prompt = recorded(first_log)[0].messages[-1].content
+        assert "Title: Money arithmetic" in first_prompt and "- never loses a cent" in first_prompt
+        assert "Amounts are integers in cents." in first_prompt
+        assert "Decisions already taken" not in first_prompt  # nothing decided before t1
+        proposals = [r for r in recorded(second_log) if r.kind is TurnKind.PROPOSE]
+        assert len(proposals) == 2
+        for request in proposals:
+            if request.kind is TurnKind.PROPOSE:
+                prompt = request.messages[-1].content
+                assert "Decisions already taken for this story" in prompt
+                assert f"(decision of t1 (run {first.run_id[:8]})) COMPLETED, winner {winner}" in prompt
+                assert "Amounts are integers in cents." in prompt
+
+        [context_meta] = second.asset_materializations_for_node("story_context")
+        sources = [r.data["source"] for r in context_meta.metadata["sources"].value.records]
+        assert sources[0] == "plan P-1" and f"decision of t1 (run {first.run_id[:8]})" in sources
+        assert any(s.startswith("CONTEXT_EVENTS #") and s.endswith("from ctx-svc") for s in sources)
+        assert context_meta.metadata["prior_decisions"].value == 1
+        # The dependency is in the asset graph, and the decisions are story_decisions' materializations.
+        graph = defs.resolve_asset_graph()
+        assert STORY_DECISIONS in graph.get(dg.AssetKey("story_context")).parent_keys
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(STORY_DECISIONS, asset_partitions=[story]), limit=10
+        ).records
+        assert sorted(r.asset_materialization.metadata["task_id"].value for r in records) == ["t1", "t2"]
