@@ -29,15 +29,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import functools
 import json
 import os
+import platform
 import random
 import select
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -54,6 +57,70 @@ _INIT = Path(__file__).with_name("sandbox_init.py")
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/work", "LANG": "C.UTF-8"}
 SANDBOX_UID = 1000  # inside the sandbox's user namespace
 SETUP_FAILED = 125
+
+# Syscalls no test needs that widen the kernel surface: tracing or reading other processes,
+# eBPF, perf, userfaultfd, keyrings, io_uring. (audit arch, name -> number) per machine.
+_DENIED_SYSCALLS = {
+    "x86_64": (
+        0xC000003E,
+        {
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "bpf": 321,
+            "perf_event_open": 298,
+            "userfaultfd": 323,
+            "keyctl": 250,
+            "add_key": 248,
+            "request_key": 249,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "bpf": 280,
+            "perf_event_open": 241,
+            "userfaultfd": 282,
+            "keyctl": 219,
+            "add_key": 217,
+            "request_key": 218,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+        },
+    ),
+}
+
+
+@functools.cache
+def _seccomp_filter() -> bytes | None:
+    """A classic-BPF seccomp program for bwrap's --seccomp: EPERM for the denied syscalls, for
+    any other ABI (32-bit, x32) and nothing else; None on a machine not in the table."""
+    entry = _DENIED_SYSCALLS.get(platform.machine())
+    if entry is None:
+        return None
+    arch, numbers = entry
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, eperm = 0x7FFF0000, 0x00050000 | errno.EPERM
+    nrs = sorted(numbers.values())
+    deny = len(nrs) + 6  # index of the final RET EPERM
+    program = [
+        (ld_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, arch),
+        (ret, 0, 0, eperm),  # another ABI
+        (ld_abs, 0, 0, 0),  # seccomp_data.nr
+        (jge, deny - 5, 0, 0x40000000),  # the x32 ABI
+        *((jeq, deny - 6 - i, 0, nr) for i, nr in enumerate(nrs)),
+        (ret, 0, 0, allow),
+        (ret, 0, 0, eperm),
+    ]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
 
 
 @dataclass(frozen=True)
@@ -103,8 +170,9 @@ class _Setup:
     def isolation(self) -> str:
         limits = self.cgroup.describe() if self.cgroup else "rlimits per process (no writable cgroup)"
         proc = "" if self.proc else ", no /proc (the runtime masks its own)"
+        seccomp = "; seccomp deny-list" if _seccomp_filter() else ""
         uid = "; own uid per run" if self.own_uid else ""
-        return f"bwrap (all namespaces, allow-listed fs{proc}){uid}; limits: {limits}"
+        return f"bwrap (all namespaces, allow-listed fs{proc}){seccomp}{uid}; limits: {limits}"
 
     def sources(self) -> list[str]:
         """Every host path the sandbox reads: bwrap, and what it binds."""
@@ -306,12 +374,14 @@ def _memfd(name: str, data: bytes = b"") -> int:
     return fd
 
 
-def _argv(setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int) -> list[str]:
+def _argv(setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int, seccomp_fd: int) -> list[str]:
     mb = 1024 * 1024
     argv = [setup.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     argv += ["--unshare-user", "--disable-userns"]  # no nested user namespace: no caps to be had inside
     argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
     argv += ["--info-fd", str(info_fd), "--block-fd", str(block_fd), "--clearenv"]
+    if seccomp_fd >= 0:
+        argv += ["--seccomp", str(seccomp_fd)]
     for key, value in _ENV.items():
         argv += ["--setenv", key, value]
     argv += [*setup.binds, *(["--proc", "/proc"] if setup.proc else []), "--dev", "/dev"]
@@ -379,6 +449,10 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
         result_fd = _memfd("fleet-results") if mode == "tests" else -1
         if result_fd >= 0:
             opened.append(result_fd)
+        seccomp = _seccomp_filter()
+        seccomp_fd = _memfd("fleet-seccomp", seccomp) if seccomp else -1
+        if seccomp_fd >= 0:
+            opened.append(seccomp_fd)
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
         opened += [info_r, info_w, block_r, block_w]
@@ -394,11 +468,11 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
             err = stack.enter_context(tempfile.TemporaryFile())
             uid = stack.enter_context(_sandbox_uid()) if setup.own_uid else None
             process = subprocess.Popen(
-                [*_argv(setup, limits, info_w, block_r), "--", *command],
+                [*_argv(setup, limits, info_w, block_r, seccomp_fd), "--", *command],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                pass_fds=tuple(fd for fd in (spec_fd, result_fd, info_w, block_r) if fd >= 0),
+                pass_fds=tuple(fd for fd in (spec_fd, result_fd, info_w, block_r, seccomp_fd) if fd >= 0),
                 start_new_session=True,
                 env={},
                 cwd="/",
