@@ -79,6 +79,11 @@ class FleetSettings(BaseModel):
         default=None, validation_alias=_env("FLEET_VLLM_CPU_KVCACHE_GIB")
     )
     vllm_cache_root: str | None = Field(default=None, validation_alias=_env("FLEET_VLLM_CACHE_ROOT"))
+    councils_file: str | None = Field(
+        default=None,
+        validation_alias=_env("FLEET_COUNCILS_FILE"),
+        description="YAML councils file: per role agents, engine and model, budgets, rubric, weights.",
+    )
     # Where state lives
     state_dir: Path = Field(
         default=Path(".fleet"),
@@ -192,7 +197,7 @@ class FleetSettings(BaseModel):
                 ray := LocalRay(ray_init_options={"ignore_reinit_error": True, "log_to_driver": False})
             ),
             "turn_runner": RayTurnRunner(engine=engine, ray_cluster=ray),
-            "council": CouncilResource(max_tokens=self.max_tokens),
+            "council": CouncilResource(max_tokens=self.max_tokens, councils_file=self.councils_file),
             "io_manager": DomainIOManager(base_path=self.storage),
             "frames_io_manager": ParquetIOManager(base_path=self.storage),
             # NATS_URL (+ NATS_TOKEN/USER/PASSWORD/CREDS/TLS_*): `make dev` starts one and sets it.

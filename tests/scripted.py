@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from pydantic import Field, PrivateAttr
 
+from fleet_pipelines.domain.councils import EngineEntry
 from fleet_pipelines.domain.models import TurnKind, TurnRequest, TurnResult, TurnStatus
 from fleet_pipelines.resources.turns import TurnRunnerResource
 
@@ -87,9 +88,15 @@ class ScriptedTurnRunner(TurnRunnerResource):
     def model_name(self) -> str:
         return "scripted"
 
-    def run_turns(self, requests: Sequence[TurnRequest], deadline: float | None) -> list[TurnResult]:
+    def run_turns(
+        self, requests: Sequence[TurnRequest], deadline: float | None, engine: EngineEntry | None = None
+    ) -> list[TurnResult]:
+        """The scripted answers, recorded with the council's engine's model when it has one."""
         record(self.record_to, requests)
-        return self._engine(requests)
+        results = self._engine(requests)
+        if engine is not None:
+            results = [r.model_copy(update={"model": engine.model}) for r in results]
+        return results
 
 
 def record(path: str, requests: Sequence[TurnRequest]) -> None:

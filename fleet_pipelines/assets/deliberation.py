@@ -17,7 +17,6 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
 from ..domain.context import StoryContext
-from ..domain.council import build_council
 from ..domain.decision import Decision, decide, rank
 from ..domain.deliberation import current_versions, proposal_requests, review_rounds
 from ..domain.models import Task, TurnKind, TurnResult, flat_task_fields, validation_message
@@ -141,14 +140,16 @@ def proposals(
 ) -> dg.Output[list[TurnResult]]:
     """Round 0: every agent of the council writes a proposal, all turns in one batch, the story's
     context in its prompt."""
-    task = deliberation_task.model_copy(update={"context": story_context})
-    settings = council.council_settings()
-    agents = build_council(task.role, task.num_agents, settings)
-    results = turn_runner.run_turns(proposal_requests(task, agents, settings), _deadline(context, task))
+    convened = council.convene(deliberation_task.model_copy(update={"context": story_context}))
+    task, settings, agents = convened.task, convened.settings, convened.agents
+    results = turn_runner.run_turns(
+        proposal_requests(task, agents, settings), _deadline(context, task), convened.engine
+    )
     ok = sum(r.ok for r in results)
-    context.log.info(f"{ok}/{len(results)} proposals from {turn_runner.model_name}")
+    engine = convened.engine.model if convened.engine else turn_runner.model_name
+    context.log.info(f"{ok}/{len(results)} proposals from {engine} (councils file {convened.version})")
     _publish_turns(context, nats, task, results)
-    return dg.Output(results, metadata={"usable": ok, **turns_metadata(results)})
+    return dg.Output(results, metadata={"usable": ok, **convened.metadata(), **turns_metadata(results)})
 
 
 @dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"ray"})
@@ -163,9 +164,8 @@ def reviews(
 ) -> dg.Output[list[TurnResult]]:
     """R rounds: each agent critiques its peers' current proposals, then revises its own, seeing
     its own code's check results where execution feedback is on for the role."""
-    task = deliberation_task.model_copy(update={"context": story_context})
-    settings = council.council_settings()
-    agents = build_council(task.role, task.num_agents, settings)
+    convened = council.convene(deliberation_task.model_copy(update={"context": story_context}))
+    task, settings, agents = convened.task, convened.settings, convened.agents
     limits = council.sandbox.to_model()
     shown: list[tuple[str, list[CheckResult]]] = []
 
@@ -175,7 +175,12 @@ def reviews(
         return checks
 
     history = review_rounds(
-        task, agents, settings, proposals, turn_runner.runner(_deadline(context, task)), check_code
+        task,
+        agents,
+        settings,
+        proposals,
+        turn_runner.runner(_deadline(context, task), convened.engine),
+        check_code,
     )
     _publish_turns(context, nats, task, history)
     return dg.Output(
@@ -217,18 +222,18 @@ def scores(
 ) -> dg.Output[list[ProposalScore]]:
     """Each agent's final proposal scored by checks (parse, ruff, tests in the sandbox, coverage,
     LLM judge), in council order, with the evidence of each check."""
-    task = deliberation_task
-    agents = build_council(task.role, task.num_agents, council.council_settings())
+    convened = council.convene(deliberation_task)
+    task, agents = convened.task, convened.agents
     history = [*proposals, *reviews]
     finals = current_versions(history)
     scored = score_finals(
         task,
         agents,
         finals,
-        council.weights.to_model(),
+        convened.weights,
         council.sandbox.to_model(),
-        turn_runner.runner(_deadline(context, task)),
-        council.judge_max_tokens,
+        turn_runner.runner(_deadline(context, task), convened.engine),
+        convened.judge_max_tokens,
     )
     if not scored:
         return dg.Output(scored, metadata={"scores": dg.MetadataValue.text("no usable proposal")})
@@ -308,7 +313,7 @@ def decision(
 ) -> Iterator[dg.Output[Decision] | dg.AssetCheckResult]:
     """The winner, the ranking and the status (COMPLETED, PARTIAL, FAILED, TIMEOUT), with reasons."""
     task = deliberation_task
-    agents = build_council(task.role, task.num_agents, council.council_settings())
+    agents = council.convene(task).agents
     turns = [*proposals, *reviews]
     finals = current_versions(turns)
     result = decide(

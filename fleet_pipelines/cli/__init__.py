@@ -7,6 +7,7 @@ fleet run "TASK" --role DEV   run one deliberation on the local stack and print 
 fleet deliberate "TASK" ...   publish an approved plan with one task; prints the task id
 fleet result TASK_ID          the task's status and results from the Dagster instance
 fleet nats init|rejected|redrive   JetStream streams and dead letters
+fleet councils list|show|validate  the councils file (FLEET_COUNCILS_FILE)
 
 Each verb imports what it needs when it runs, so `fleet --help` and quick verbs start fast.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import click
 
-from . import deliberate, dev, model, nats, result, run
+from . import councils, deliberate, dev, model, nats, result, run
 from .common import REPO_ROOT
 
 
@@ -24,7 +25,15 @@ def fleet() -> None:
     """fleet_pipelines: multi-agent deliberation."""
 
 
-for verb in (dev.dev, model.model, run.run, deliberate.deliberate, result.result, nats.nats):
+for verb in (
+    dev.dev,
+    model.model,
+    run.run,
+    deliberate.deliberate,
+    result.result,
+    nats.nats,
+    councils.councils,
+):
     fleet.add_command(verb)
 
 

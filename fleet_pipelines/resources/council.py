@@ -1,16 +1,69 @@
-"""The `council` resource: how councils sample, how proposals are scored, and the quorum."""
+"""The `council` resource: how councils sample, how proposals are scored, and the quorum; and the
+councils file (`FLEET_COUNCILS_FILE`) that sets them per role."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
-from ..domain.council import DEFAULT_MAX_TOKENS, CouncilSettings
+from ..domain.council import DEFAULT_MAX_TOKENS, CouncilSettings, build_council
+from ..domain.councils import CouncilsFile, CouncilsFileError, EngineEntry, parse_councils
+from ..domain.models import AgentSpec, Task
+from ..domain.scoring import ScoringWeights
 from .config import SandboxLimitsConfig, ScoringWeightsConfig
 
 
+def read_councils(path: str) -> CouncilsFile:
+    """The councils file at `path`; raises CouncilsFileError naming the file and every bad field."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CouncilsFileError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
+    return parse_councils(text, source=path)
+
+
+@dataclass(frozen=True)
+class Convened:
+    """The council a task gets: its agents and settings, the engine its turns go to (None: the
+    stack's), the scoring it is judged by, and the councils file version that set them."""
+
+    task: Task  # with the council's default rubric where the task gave none
+    settings: CouncilSettings
+    agents: list[AgentSpec]
+    weights: ScoringWeights
+    judge_max_tokens: int
+    engine: EngineEntry | None
+    file: str | None
+    version: str | None
+
+    def metadata(self) -> dict[str, dg.RawMetadataValue]:
+        """What the UI shows of the council a run used."""
+        return {
+            "council": dg.MetadataValue.json(
+                {
+                    "role": self.task.role.value,
+                    "engine": self.engine.model_dump() if self.engine else "the stack's engine",
+                    "agents": [
+                        {"agent_id": a.agent_id, "temperature": a.temperature, "diversity": a.diversity}
+                        for a in self.agents
+                    ],
+                    "max_tokens": self.settings.max_tokens,
+                    "execution_feedback": self.settings.feedback_for(self.task.role),
+                    "rubric": self.task.constraints.rubric,
+                    "weights": self.weights.model_dump(),
+                }
+            ),
+            "councils_file": self.file or "none",
+            "councils_file_version": self.version or "none",
+        }
+
+
 class CouncilResource(dg.ConfigurableResource):
-    """Sampling of the council's turns, the scoring of final proposals, and the quorum."""
+    """Sampling of the council's turns, the scoring of final proposals, and the quorum; a councils
+    file, when given, sets them per role."""
 
     temperature: float = Field(default=0.7, description="Baseline temperature; diversity agents use x1.3.")
     max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, description="Completion token limit of one turn.")
@@ -34,10 +87,51 @@ class CouncilResource(dg.ConfigurableResource):
         default=None,
         description="Agents with a final proposal needed for a decision; default a majority of the council.",
     )
+    councils_file: str | None = Field(
+        default=None,
+        description="YAML councils file (FLEET_COUNCILS_FILE): per role the agents, engine and model, "
+        "token budgets, default rubric and score weights over the values above.",
+    )
 
     def council_settings(self) -> CouncilSettings:
         return CouncilSettings(
             temperature=self.temperature,
             max_tokens=self.max_tokens,
             execution_feedback=self.execution_feedback,
+        )
+
+    def convene(self, task: Task) -> Convened:
+        """The council of the task's role: this resource's values, with the councils file's council
+        for the role over them. An invalid file fails the step naming the field."""
+        base = self.council_settings()
+        if not self.councils_file:
+            return Convened(
+                task=task,
+                settings=base,
+                agents=build_council(task.role, task.num_agents, base),
+                weights=self.weights.to_model(),
+                judge_max_tokens=self.judge_max_tokens,
+                engine=None,
+                file=None,
+                version=None,
+            )
+        try:
+            councils = read_councils(self.councils_file)
+        except CouncilsFileError as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        council = councils.council(task.role)
+        settings = council.settings(base)
+        if council.rubric and not task.constraints.rubric:
+            task = task.model_copy(
+                update={"constraints": task.constraints.model_copy(update={"rubric": council.rubric})}
+            )
+        return Convened(
+            task=task,
+            settings=settings,
+            agents=council.shape(build_council(task.role, task.num_agents, settings)),
+            weights=council.weights,
+            judge_max_tokens=council.judge_max_tokens or self.judge_max_tokens,
+            engine=councils.engine(task.role),
+            file=self.councils_file,
+            version=councils.version,
         )

@@ -21,6 +21,7 @@ import dagster as dg
 from dagster_ray import RayResource
 from pydantic import Field
 
+from ..domain.councils import EngineEntry
 from ..domain.deliberation import TurnRunner
 from ..domain.models import TurnRequest, TurnResult
 from .config import EngineConfig
@@ -35,13 +36,16 @@ class TurnRunnerResource(dg.ConfigurableResource, ABC):
         """The model name turns are recorded with (logs, metadata, evaluation fingerprints)."""
 
     @abstractmethod
-    def run_turns(self, requests: Sequence[TurnRequest], deadline: float | None) -> list[TurnResult]:
+    def run_turns(
+        self, requests: Sequence[TurnRequest], deadline: float | None, engine: EngineEntry | None = None
+    ) -> list[TurnResult]:
         """One result per request, in request order. `deadline` is a time.time() after which
-        unfinished turns come back as TIMEOUT; None for no deadline."""
+        unfinished turns come back as TIMEOUT; None for no deadline. `engine`: the council's own
+        engine (councils file); None for the runner's."""
 
-    def runner(self, deadline: float | None) -> TurnRunner:
-        """A `TurnRunner` (what the domain's algorithms take) bound to a deadline."""
-        return partial(self.run_turns, deadline=deadline)
+    def runner(self, deadline: float | None, engine: EngineEntry | None = None) -> TurnRunner:
+        """A `TurnRunner` (what the domain's algorithms take) bound to a deadline and an engine."""
+        return partial(self.run_turns, deadline=deadline, engine=engine)
 
 
 class RayTurnRunner(TurnRunnerResource):
@@ -66,7 +70,14 @@ class RayTurnRunner(TurnRunnerResource):
             num_cpus_per_turn=self.num_cpus_per_turn, max_worker_retries=self.max_worker_retries
         )
 
-    def run_turns(self, requests: Sequence[TurnRequest], deadline: float | None) -> list[TurnResult]:
+    def run_turns(
+        self, requests: Sequence[TurnRequest], deadline: float | None, engine: EngineEntry | None = None
+    ) -> list[TurnResult]:
         from ..dispatch.ray_dispatch import RayTurnDispatcher
 
-        return RayTurnDispatcher(self.engine.to_model(), self.dispatch_settings(), deadline)(requests)
+        settings = self.engine.to_model()
+        if engine is not None:  # the council's engine, called like the stack's OpenAI-compatible one
+            settings = self.engine.openai.to_model().model_copy(
+                update={"base_url": engine.base_url, "model": engine.model}
+            )
+        return RayTurnDispatcher(settings, self.dispatch_settings(), deadline)(requests)

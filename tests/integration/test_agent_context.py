@@ -14,6 +14,7 @@ from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.assets.story import STORY_DECISIONS, story_context
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import EngineEntry
 from fleet_pipelines.domain.deliberation import review_rounds
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, TurnResult, TurnStatus
 from fleet_pipelines.llm.engine import EngineSettings
@@ -81,9 +82,11 @@ class RecordingRayTurnRunner(RayTurnRunner):
 
     record_to: str = Field(description="File each request is appended to.")
 
-    def run_turns(self, requests: Sequence[TurnRequest], deadline: float | None) -> list[TurnResult]:
+    def run_turns(
+        self, requests: Sequence[TurnRequest], deadline: float | None, engine: EngineEntry | None = None
+    ) -> list[TurnResult]:
         record(self.record_to, requests)
-        return super().run_turns(requests, deadline)
+        return super().run_turns(requests, deadline, engine)
 
 
 def test_a_story_of_two_tasks_carries_the_plans_story_and_the_first_decision_into_the_second(
@@ -130,3 +133,52 @@ def test_a_story_of_two_tasks_carries_the_plans_story_and_the_first_decision_int
     assert all("Decisions already taken" not in p for p in first_prompts)
     # Through lineage: story_context depends on story_decisions in the asset graph.
     assert STORY_DECISIONS in story_context.dependency_keys
+
+
+def _launched(log: Path) -> int:
+    """Requests a llama.cpp server has started decoding (one `launch_slot_` line each)."""
+    return log.read_text(errors="replace").count("launch_slot_") if log.exists() else 0
+
+
+def test_a_councils_file_routes_each_roles_turns_to_its_engine(
+    ray_head, dagster_instance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from fleet_pipelines import stack
+    from fleet_pipelines.settings import FleetSettings
+
+    servers, logs = {}, {}
+    for name in ("coder", "tester"):
+        logs[name] = tmp_path / name
+        port = stack.free_port()
+        servers[name] = (stack.start_model_server(logs[name], port, parallel=2), port)
+    try:
+        councils = tmp_path / "councils.yaml"
+        councils.write_text(
+            'version: "two-engines-1"\nengines:\n'
+            + "".join(
+                f"  {name}: {{base_url: 'http://127.0.0.1:{port}/v1', model: {MODEL_NAME}}}\n"
+                for name, (_, port) in servers.items()
+            )
+            + "councils:\n  DEV: {engine: coder, max_tokens: 48}\n  QA: {engine: tester, max_tokens: 48}\n"
+        )
+        monkeypatch.setenv("FLEET_COUNCILS_FILE", str(councils))
+        monkeypatch.setenv("FLEET_LLM_BASE_URL", f"http://127.0.0.1:{stack.free_port()}/v1")  # nobody there
+        monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
+        resources = FleetSettings.from_env().resources()
+        fields = {"description": "Write add(a, b).", "num_agents": 2, "rounds": 0}
+        counts = []
+        for role in ("DEV", "QA"):
+            result = materialize_deliberation(
+                dagster_instance, resources, f"route-{role.lower()}", {**fields, "role": role}
+            )
+            assert result.success
+            assert all(p.ok for p in result.output_for_node("proposals")), role
+            counts.append({name: _launched(logs[name] / "model-server.log") for name in servers})
+            [meta] = result.asset_materializations_for_node("proposals")
+            assert meta.metadata["councils_file_version"].value == "two-engines-1"
+        dev, qa = counts
+        assert dev["coder"] >= 2 and dev["tester"] == 0  # DEV's proposals (and judge turns) on coder
+        assert qa["tester"] >= 2 and qa["coder"] == dev["coder"]  # QA's on tester only
+    finally:
+        for service, _ in servers.values():
+            service.stop()

@@ -1,0 +1,156 @@
+"""Councils as configuration: a YAML file that sets, per role, the agents (their temperatures and
+diversity), the engine and model, token budgets, a default rubric and the scoring weights.
+
+    version: "2026-11-26.1"            # shown in the UI with every run that used the file
+    engines:
+      local: {base_url: "http://127.0.0.1:8080/v1", model: SmolLM2-135M-Instruct}
+    councils:
+      DEV:
+        engine: local
+        agents:                        # agent i of a council of N takes entry i (cycled)
+          - {temperature: 0.2}
+          - {temperature: 0.9, diversity: true}
+        max_tokens: 512                # completion limit of a proposal, critique or revision turn
+        judge_max_tokens: 160
+        rubric: "Correct, tested, idiomatic."   # when the task gives none
+        weights: {tests: 0.5, lint: 0.05}       # the rest keep their defaults
+        execution_feedback: true
+
+Pure: parsing and validation only; an invalid file raises `CouncilsFileError` naming each field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from .council import MAX_TEMPERATURE, CouncilSettings
+from .models import MAX_RUBRIC_CHARS, AgentSpec, Role
+from .scoring import ScoringWeights
+
+EngineName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class FileWeights(ScoringWeights):
+    """Scoring weights as the file gives them: a check it does not name keeps its default; a name
+    that is no check is an error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CouncilsFileError(ValueError):
+    """The councils file is unreadable or invalid; the message names every invalid field."""
+
+
+class EngineEntry(BaseModel):
+    """An OpenAI-compatible engine a council's turns go to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str = Field(
+        min_length=1, description="The engine's OpenAI-compatible URL (`/v1` added if missing)."
+    )
+    model: str = Field(min_length=1, description="Model name sent with each request.")
+
+
+class AgentProfile(BaseModel):
+    """How one agent of the council samples."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(ge=0.0, le=MAX_TEMPERATURE, description="Sampling temperature.")
+    diversity: bool = Field(
+        default=False, description="Told to take a path other agents are unlikely to take."
+    )
+
+
+class RoleCouncil(BaseModel):
+    """The council of one role."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: EngineName | None = Field(
+        default=None, description="Name of an entry of `engines`; default the stack's engine."
+    )
+    agents: list[AgentProfile] = Field(
+        default_factory=list, max_length=10, description="Agent i takes entry i, cycled."
+    )
+    max_tokens: int | None = Field(
+        default=None, ge=16, le=32_768, description="Completion limit of an agent turn."
+    )
+    judge_max_tokens: int | None = Field(
+        default=None, ge=16, le=4_096, description="Completion limit of a judge turn."
+    )
+    rubric: str = Field(
+        default="", max_length=MAX_RUBRIC_CHARS, description="Rubric when the task gives none."
+    )
+    weights: FileWeights = Field(
+        default_factory=FileWeights, description="Scoring weights (unnamed keep defaults)."
+    )
+    execution_feedback: bool | None = Field(
+        default=None, description="Authors see their code's checks before revising."
+    )
+
+    def settings(self, base: CouncilSettings) -> CouncilSettings:
+        """The council settings of this role over the stack's `base`."""
+        update = (
+            {"execution_feedback": self.execution_feedback} if self.execution_feedback is not None else {}
+        )
+        if self.max_tokens is not None:
+            update["max_tokens"] = self.max_tokens
+        return base.model_copy(update=update)
+
+    def shape(self, agents: list[AgentSpec]) -> list[AgentSpec]:
+        """The council with this role's agent profiles applied (agent i takes profile i, cycled)."""
+        if not self.agents:
+            return agents
+        return [
+            agent.model_copy(update=self.agents[i % len(self.agents)].model_dump())
+            for i, agent in enumerate(agents)
+        ]
+
+
+class CouncilsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    version: str = Field(min_length=1, max_length=64, description="The file's version, shown with every run.")
+    engines: dict[EngineName, EngineEntry] = Field(default_factory=dict)
+    councils: dict[Role, RoleCouncil] = Field(default_factory=dict)
+
+    def unknown_engines(self) -> list[str]:
+        return [
+            f"councils.{role.value}.engine: {council.engine!r} is not an entry of engines "
+            f"({', '.join(sorted(self.engines)) or 'none defined'})"
+            for role, council in self.councils.items()
+            if council.engine is not None and council.engine not in self.engines
+        ]
+
+    def council(self, role: Role) -> RoleCouncil:
+        return self.councils.get(role, RoleCouncil())
+
+    def engine(self, role: Role) -> EngineEntry | None:
+        name = self.council(role).engine
+        return self.engines[name] if name else None
+
+
+def parse_councils(text: str, source: str = "councils file") -> CouncilsFile:
+    """The councils file from its YAML text; raises CouncilsFileError naming every invalid field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CouncilsFileError(f"{source}: not YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise CouncilsFileError(f"{source}: expected a mapping with version, engines and councils")
+    try:
+        councils = CouncilsFile.model_validate(data)
+    except ValidationError as exc:
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'] if p != '[key]') or 'file'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise CouncilsFileError(f"{source}: {fields}") from exc
+    if unknown := councils.unknown_engines():
+        raise CouncilsFileError(f"{source}: {'; '.join(unknown)}")
+    return councils

@@ -1,0 +1,146 @@
+"""Councils as configuration: the councils file, its validation, `fleet councils`, and a run that
+takes its council (agents, engine, budgets, rubric, weights) from it and shows which it used."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from click.testing import CliRunner
+
+from fleet_pipelines.assets.deliberation import deliberation_assets, deliberation_job, deliberation_run_config
+from fleet_pipelines.assets.partitions import deliberation_partitions
+from fleet_pipelines.cli import fleet
+from fleet_pipelines.domain.councils import CouncilsFileError, parse_councils
+from fleet_pipelines.domain.models import Role, Task, TurnKind
+from fleet_pipelines.resources.council import CouncilResource
+from fleet_pipelines.resources.events import NatsResource
+from fleet_pipelines.resources.io import DomainIOManager
+from tests.scripted import ScriptedTurnRunner, recorded
+
+COUNCILS = """\
+version: "2026-11-26.1"
+engines:
+  coder: {base_url: "http://127.0.0.1:9101/v1", model: coder-model}
+  tester: {base_url: "http://127.0.0.1:9102", model: tester-model}
+councils:
+  DEV:
+    engine: coder
+    agents: [{temperature: 0.1}, {temperature: 1.1, diversity: true}]
+    max_tokens: 200
+    judge_max_tokens: 64
+    rubric: "Pure functions only."
+    weights: {tests: 0.9, sections: 0}
+    execution_feedback: false
+  QA:
+    engine: tester
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("version: v\ncouncils: {DEV: {agents: [{temperature: 2.5}]}}", "councils.DEV.agents.0.temperature"),
+        ("version: v\ncouncils: {CHEF: {}}", "councils.CHEF"),
+        (
+            "version: v\ncouncils: {DEV: {engine: big}}",
+            "councils.DEV.engine: 'big' is not an entry of engines",
+        ),
+        ("version: v\ncouncils: {DEV: {weights: {speed: 1}}}", "councils.DEV.weights.speed"),
+        ("version: v\ncouncils: {DEV: {max_tokens: 4}}", "councils.DEV.max_tokens"),
+        ("version: v\nengines: {e: {base_url: x}}", "engines.e.model"),
+        ("councils: {}", "version"),
+        ("version: v\ncouncil: {}", "council"),
+        ("- a list", "expected a mapping"),
+    ],
+)
+def test_a_bad_councils_file_fails_naming_the_field(text: str, field: str):
+    with pytest.raises(CouncilsFileError) as caught:
+        parse_councils(text, source="councils.yaml")
+    assert str(caught.value).startswith("councils.yaml: ") and field in str(caught.value)
+
+
+def test_fleet_councils_list_show_validate(tmp_path: Path):
+    good, bad = tmp_path / "councils.yaml", tmp_path / "bad.yaml"
+    good.write_text(COUNCILS)
+    bad.write_text(COUNCILS.replace("temperature: 0.1", "temperature: -1"))
+    listed = CliRunner().invoke(fleet, ["councils", "list", "--file", str(good)])
+    assert listed.exit_code == 0, listed.output
+    assert "version 2026-11-26.1" in listed.output
+    assert (
+        "DEV        engine coder (coder-model at http://127.0.0.1:9101/v1); agents [0.1, 1.1*]"
+        in listed.output
+    )
+    shown = CliRunner().invoke(fleet, ["councils", "show", "qa"], env={"FLEET_COUNCILS_FILE": str(good)})
+    assert shown.exit_code == 0, shown.output
+    qa = json.loads(shown.output)
+    assert qa["engine"] == {"name": "tester", "base_url": "http://127.0.0.1:9102", "model": "tester-model"}
+    assert qa["weights"]["tests"] == 0.35  # defaults filled in
+    valid = CliRunner().invoke(fleet, ["councils", "validate", "--file", str(good)])
+    assert valid.exit_code == 0 and "valid, version 2026-11-26.1, 2 council(s), 2 engine(s)" in valid.output
+    invalid = CliRunner().invoke(fleet, ["councils", "validate", "--file", str(bad)])
+    assert invalid.exit_code == 2 and "councils.DEV.agents.0.temperature" in invalid.output
+    missing = CliRunner().invoke(fleet, ["councils", "validate"], env={"FLEET_COUNCILS_FILE": ""})
+    assert missing.exit_code == 2 and "no councils file" in missing.output
+
+
+def run(tmp_path: Path, nats_url: str, councils_file: str, fields: dict, log: Path):
+    defs = dg.Definitions(
+        assets=deliberation_assets,
+        jobs=[deliberation_job],
+        resources={
+            "turn_runner": ScriptedTurnRunner(code="def f(x):\n    return x", record_to=str(log)),
+            "council": CouncilResource(councils_file=councils_file),
+            "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
+            "nats": NatsResource(url=nats_url),
+        },
+    )
+    (tmp_path / "home").mkdir(parents=True, exist_ok=True)
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        instance.add_dynamic_partitions(deliberation_partitions.name, ["c-1"])
+        return defs.resolve_job_def(deliberation_job.name).execute_in_process(
+            run_config=deliberation_run_config(fields),
+            instance=instance,
+            partition_key="c-1",
+            raise_on_error=False,
+        )
+
+
+def test_a_run_takes_its_council_from_the_file_and_shows_it(tmp_path: Path, nats_server: str):
+    path, log = tmp_path / "councils.yaml", tmp_path / "requests.jsonl"
+    path.write_text(COUNCILS)
+    fields = {"description": "Write f(x).", "role": "DEV", "num_agents": 3, "rounds": 1}
+    result = run(tmp_path, nats_server, str(path), fields, log)
+    assert result.success
+    requests = recorded(log)
+    proposals = [r for r in requests if r.kind is TurnKind.PROPOSE]
+    assert [r.temperature for r in proposals] == [0.1, 1.1, 0.1]  # profiles cycled over 3 agents
+    assert all(r.max_tokens == 200 for r in requests if r.kind is not TurnKind.JUDGE)
+    assert all(r.max_tokens == 64 for r in requests if r.kind is TurnKind.JUDGE)
+    assert "Evaluation rubric: Pure functions only." in proposals[0].messages[0].content
+    assert all("checks ran" not in r.messages[-1].content for r in requests if r.kind is TurnKind.REVISE)
+    assert {t.model for t in result.output_for_node("proposals")} == {"coder-model"}  # the DEV engine
+    [meta] = result.asset_materializations_for_node("proposals")
+    assert meta.metadata["councils_file_version"].value == "2026-11-26.1"
+    council = meta.metadata["council"].value
+    assert council["engine"]["model"] == "coder-model" and council["weights"]["tests"] == 0.9
+
+    qa = run(tmp_path / "qa", nats_server, str(path), {**fields, "role": "QA"}, tmp_path / "qa.jsonl")
+    assert {t.model for t in qa.output_for_node("proposals")} == {"tester-model"}
+
+    path.write_text(COUNCILS.replace("engine: tester", "engine: nowhere"))
+    broken = run(tmp_path / "broken", nats_server, str(path), fields, tmp_path / "b.jsonl")
+    assert not broken.success
+    failure = next(e for e in broken.all_events if e.is_step_failure)
+    assert (
+        "councils.QA.engine: 'nowhere' is not an entry of engines" in failure.step_failure_data.error.message
+    )
+
+
+def test_without_a_file_the_council_is_the_resources():
+    task = Task(task_id="t", description="d", role=Role.DEV, num_agents=2)
+    convened = CouncilResource(temperature=0.5).convene(task)
+    assert [a.temperature for a in convened.agents] == [0.5, 0.65]
+    assert convened.engine is None and convened.version is None and convened.task == task
