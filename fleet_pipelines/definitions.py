@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import dagster as dg
 
+from .assets.decision_log import decision_log, decision_log_job
 from .assets.deliberation import deliberation_assets, deliberation_job
 from .assets.evaluation import evaluation, evaluation_job
 from .assets.story import story_decisions
 from .schedules.evaluation import build_nightly_evaluation
+from .schedules.retention import build_history_schedules, retention_job
 from .sensors import build_event_sensors
 from .settings import FleetSettings
 
 settings = FleetSettings.from_env()
 
 defs = dg.Definitions(
-    assets=[*deliberation_assets, story_decisions, evaluation],
-    jobs=[deliberation_job, evaluation_job],
-    schedules=[build_nightly_evaluation(settings)],
+    assets=[*deliberation_assets, story_decisions, evaluation, decision_log],
+    jobs=[deliberation_job, evaluation_job, decision_log_job, retention_job],
+    schedules=[build_nightly_evaluation(settings), *build_history_schedules(settings)],
     sensors=build_event_sensors(deliberation_job, settings),
     resources=settings.resources(),
 )

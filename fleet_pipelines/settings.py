@@ -33,6 +33,7 @@ NATS_SECRETS = (
     ("tls_key_file", "NATS_TLS_KEY"),
 )
 LLM_API_KEY = "FLEET_LLM_API_KEY"
+DEFAULT_RETENTION_SECONDS = 14 * 24 * 3600
 
 
 def _env(*names: str) -> AliasChoices:
@@ -113,6 +114,18 @@ class FleetSettings(BaseModel):
         validation_alias=_env("FLEET_PLANNING_START"),
         description="Where the planning sensor starts without a cursor: every retained plan, or the end.",
     )
+    # Retention: deliberations leave the partition set; the decision log keeps their outcomes
+    retention_seconds: float = Field(
+        default=DEFAULT_RETENTION_SECONDS,
+        gt=0,
+        validation_alias=_env("FLEET_RETENTION_SECONDS", "DELIBERATION_CLEANUP"),
+        description="Age after which a decided deliberation (in the decision log) leaves the partition set.",
+    )
+    retention_cron: str = Field(
+        default="35 * * * *",
+        validation_alias=_env("FLEET_RETENTION_CRON"),
+        description="When the retention job runs (UTC).",
+    )
     # The nightly evaluation
     eval_schedule: str = Field(default="off", validation_alias=_env("FLEET_EVAL_SCHEDULE"))
     eval_cron: str = Field(default="0 2 * * *", validation_alias=_env("FLEET_EVAL_CRON"))
@@ -163,6 +176,7 @@ class FleetSettings(BaseModel):
 
         from .resources.config import EngineConfig, OpenAIEngineConfig, VLLMActorConfig
         from .resources.council import CouncilResource
+        from .resources.history import HistoryResource
         from .resources.io import DomainIOManager, ParquetIOManager
         from .resources.turns import RayTurnRunner
 
@@ -200,6 +214,7 @@ class FleetSettings(BaseModel):
             "council": CouncilResource(max_tokens=self.max_tokens, councils_file=self.councils_file),
             "io_manager": DomainIOManager(base_path=self.storage),
             "frames_io_manager": ParquetIOManager(base_path=self.storage),
+            "history": HistoryResource(base_path=self.storage, max_age_seconds=self.retention_seconds),
             # NATS_URL (+ NATS_TOKEN/USER/PASSWORD/CREDS/TLS_*): `make dev` starts one and sets it.
             "nats": self.nats(),
         }

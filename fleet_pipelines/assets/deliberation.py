@@ -29,6 +29,7 @@ from ..events.outbound import (
     deliberation_outcome_event,
 )
 from ..events.planning import TAG_CAUSATION, TAG_CORRELATION
+from ..history.log import OUTCOME, outcome_metadata
 from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
 from ..resources.turns import TurnRunnerResource
@@ -344,6 +345,7 @@ def decision(
             "winner": result.winner_id or "none",
             "ranking": dg.MetadataValue.md(ranking_md),
             "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in result.reasons)),
+            OUTCOME: outcome_metadata(task, result, turns),  # what the decision log keeps
         },
     )
     yield quorum_met(result)

@@ -31,6 +31,7 @@ def result(task_id: str, as_json: bool, wait: float) -> None:
     import dagster as dg
 
     from ..events.results import TERMINAL, find_task_in_stream, task_result
+    from ..history.log import read_log
     from ..resources.io import read_stored
     from ..settings import FleetSettings
     from .common import dagster_home
@@ -51,17 +52,20 @@ def result(task_id: str, as_json: bool, wait: float) -> None:
     def load_decision(task_id: str):
         return read_stored(settings.storage, "decision", task_id)
 
+    def load_log_day(day: str):
+        return read_log(settings.storage, day)
+
     instance = dg.DagsterInstance.get()
     deadline = time.monotonic() + wait
     while True:
-        found = task_result(instance, task_id, load_decision, find_in_stream)
+        found = task_result(instance, task_id, load_decision, load_log_day, find_in_stream)
         if found.status in TERMINAL or time.monotonic() >= deadline:
             break
         time.sleep(1)
     if as_json:
         click.echo(found.model_dump_json(indent=2))
     else:
-        click.echo(f"task {found.task_id}: {found.status.value}\n  {found.detail}")
+        click.echo(f"task {found.task_id}: {found.status.value} (from {found.source})\n  {found.detail}")
         if found.winner_id:
             click.echo(f"winner: {found.winner_id}")
         for r in found.ranking:

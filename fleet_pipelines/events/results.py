@@ -1,5 +1,9 @@
 """A task's status and results, read back from the Dagster instance (`fleet result`).
 
+Lookups go by index, never by listing partitions or runs: the task's latest run (run tag), that
+run's own events, the partition itself; then, when retention has removed the partition, the
+decision log table of the day the decision was stored; then the last approved plans in the stream.
+
 PENDING: the partition exists or the approved plan sits in the stream, no run started yet (or
 queued); IN_PROGRESS: a run is going; COMPLETED / PARTIAL / FAILED / TIMEOUT: the decision's
 status (FAILED also for a run that crashed before deciding); NOT_FOUND: nothing knows the task.
@@ -7,20 +11,24 @@ status (FAILED also for a run that crashed before deciding); NOT_FOUND: nothing 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import dagster as dg
 from pydantic import BaseModel, Field
 
 from ..assets import DELIBERATION_JOB, DELIBERATION_PARTITIONS
 from ..domain.decision import Decision
+from ..history.log import day_of
 from .planning import InvalidEvent, plan_deliberations
 from .streams import PLAN_APPROVED, PLANNING_STREAM
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from .bus import NatsSession
 
 PARTITION_TAG = "dagster/partition"
@@ -38,6 +46,7 @@ class TaskStatus(StrEnum):
     NOT_FOUND = "NOT_FOUND"
 
 
+Source = Literal["live", "decision_log", "planning_stream", "none"]
 TERMINAL = {TaskStatus.COMPLETED, TaskStatus.PARTIAL, TaskStatus.FAILED, TaskStatus.TIMEOUT}
 _WAITING = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING}
 _FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
@@ -47,6 +56,10 @@ class TaskResult(BaseModel):
     task_id: str = Field(description="The task (partition key).")
     status: TaskStatus = Field(description="Where the task stands.")
     detail: str = Field(description="What the status is based on.")
+    source: Source = Field(
+        description="What answered: the live partition (its runs and stored values), the decision "
+        "log (the partition was removed by retention), the planning stream, or nothing."
+    )
     run_id: str | None = Field(default=None, description="Latest deliberation run of the task.")
     winner_id: str | None = Field(default=None, description="Winning agent.")
     ranking: list[dict] = Field(default_factory=list, description="Agents by score.")
@@ -54,13 +67,12 @@ class TaskResult(BaseModel):
     winner_content: str | None = Field(default=None, description="The winning proposal.")
 
 
-def _materialized(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+def _materialized(instance: dg.DagsterInstance, run_id: str) -> tuple[list[str], float | None]:
+    """The assets a run materialized, and when it stored its decision (None: not yet)."""
     events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-    return [
-        e.dagster_event.asset_key.to_user_string()
-        for e in events
-        if e.dagster_event and e.dagster_event.asset_key
-    ]
+    keys = [e.dagster_event.asset_key for e in events if e.dagster_event and e.dagster_event.asset_key]
+    decided = [e.timestamp for e in events if e.dagster_event and e.dagster_event.asset_key == DECISION]
+    return [k.to_user_string() for k in keys], (decided[-1] if decided else None)
 
 
 def _from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
@@ -68,6 +80,7 @@ def _from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
         task_id=task_id,
         status=TaskStatus(decision.status.value),
         detail=f"decision of run {run_id}",
+        source="live",
         run_id=run_id,
         winner_id=decision.winner_id,
         ranking=[r.model_dump() for r in decision.ranking],
@@ -76,17 +89,46 @@ def _from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
     )
 
 
+def _from_log(task_id: str, run_id: str, day: str, table: pd.DataFrame | None) -> TaskResult:
+    rows = [] if table is None else table[(table["task_id"] == task_id) & (table["run_id"] == run_id)]
+    if len(rows) == 0:
+        return TaskResult(
+            task_id=task_id,
+            status=TaskStatus.NOT_FOUND,
+            detail=f"run {run_id} decided on {day}; its partition is gone and the decision log of "
+            f"{day} has no row for it",
+            source="none",
+            run_id=run_id,
+        )
+    row = rows.iloc[-1]
+    content = row["winner_content"]
+    return TaskResult(
+        task_id=task_id,
+        status=TaskStatus(row["status"]),
+        detail=f"decision of run {run_id}, from the decision log of {day} (partition removed by retention)",
+        source="decision_log",
+        run_id=run_id,
+        winner_id=None if row.isna()["winner_id"] else row["winner_id"],
+        ranking=json.loads(row["scores"]),
+        reasons=json.loads(row["reasons"]),
+        winner_content=None if row.isna()["winner_content"] else content or None,
+    )
+
+
 def task_result(
     instance: dg.DagsterInstance,
     task_id: str,
     load_decision: Callable[[str], Decision],
+    load_log_day: Callable[[str], pd.DataFrame | None],
     find_in_stream: Callable[[str], int | None],
 ) -> TaskResult:
-    """`load_decision(task_id)` reads the decision asset (IO manager); `find_in_stream(task_id)` gives
-    the stream sequence of a not-yet-processed approved plan naming the task, or None."""
+    """`load_decision(task_id)` reads the live decision asset; `load_log_day(day)` one day of the
+    decision log (None if not built); `find_in_stream(task_id)` gives the stream sequence of a
+    not-yet-processed approved plan naming the task, or None."""
     records = instance.get_run_records(
         dg.RunsFilter(job_name=DELIBERATION_JOB, tags={PARTITION_TAG: task_id}), limit=1
     )
+    live = instance.has_dynamic_partition(DELIBERATION_PARTITIONS, task_id)
     if records:
         run = records[0].dagster_run
         if run.status in _WAITING:
@@ -94,32 +136,45 @@ def task_result(
                 task_id=task_id,
                 status=TaskStatus.PENDING,
                 detail=f"run {run.run_id} {run.status.value}",
+                source="live",
                 run_id=run.run_id,
             )
-        done = _materialized(instance, run.run_id)
-        if DECISION.to_user_string() in done:
-            return _from_decision(task_id, run.run_id, load_decision(task_id))
+        done, decided_at = _materialized(instance, run.run_id)
+        if decided_at is not None:
+            if live:
+                return _from_decision(task_id, run.run_id, load_decision(task_id))
+            day = day_of(decided_at)
+            return _from_log(task_id, run.run_id, day, load_log_day(day))
         if run.status in _FAILED:
             failures = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
             message = failures[-1].message if failures else f"run {run.status.value}"
-            return TaskResult(task_id=task_id, status=TaskStatus.FAILED, detail=message, run_id=run.run_id)
+            return TaskResult(
+                task_id=task_id, status=TaskStatus.FAILED, detail=message, source="live", run_id=run.run_id
+            )
         return TaskResult(
             task_id=task_id,
             status=TaskStatus.IN_PROGRESS,
             detail=f"run {run.run_id} {run.status.value}; materialized: {', '.join(done) or 'nothing yet'}",
+            source="live",
             run_id=run.run_id,
         )
-    if instance.has_dynamic_partition(DELIBERATION_PARTITIONS, task_id):
-        return TaskResult(task_id=task_id, status=TaskStatus.PENDING, detail="partition added, no run yet")
+    if live:
+        return TaskResult(
+            task_id=task_id, status=TaskStatus.PENDING, detail="partition added, no run yet", source="live"
+        )
     seq = find_in_stream(task_id)
     if seq is not None:
         return TaskResult(
             task_id=task_id,
             status=TaskStatus.PENDING,
             detail=f"approved plan accepted ({PLANNING_STREAM} seq {seq}), waiting for the planning sensor",
+            source="planning_stream",
         )
     return TaskResult(
-        task_id=task_id, status=TaskStatus.NOT_FOUND, detail="no run, partition or planning event"
+        task_id=task_id,
+        status=TaskStatus.NOT_FOUND,
+        detail="no run, partition or planning event",
+        source="none",
     )
 
 

@@ -61,6 +61,22 @@ def read_stored(base_path: str, asset: str, partition: str) -> BaseModel | list[
     return load_value(stored_path(base_path, asset, partition).read_text())
 
 
+def frame_path(base_path: str, asset: str, partition: str) -> UPath:
+    """Where `ParquetIOManager` keeps a table's partition (UPathIOManager's layout)."""
+    return UPath(base_path) / asset / f"{safe_partition_key(partition)}.parquet"
+
+
+def read_frame(base_path: str, asset: str, partition: str) -> Any:
+    """A stored table partition (a DataFrame), or None when there is none."""
+    import pandas as pd
+
+    path = frame_path(base_path, asset, partition)
+    if not path.exists():
+        return None
+    with path.open("rb") as f:
+        return pd.read_parquet(f)
+
+
 class _DomainUPathIOManager(dg.UPathIOManager):
     extension = ".json"
 

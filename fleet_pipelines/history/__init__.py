@@ -1,0 +1,1 @@
+"""A year of deliberations: the daily decision log, retention of old partitions, lookups by index."""
