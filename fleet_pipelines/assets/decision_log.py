@@ -1,7 +1,6 @@
 """`decision_log`: every deliberation's outcome, one table per UTC day (see history/log.py)."""
 
 import dagster as dg
-import pandas as pd
 
 from ..history.log import DECISION_LOG, build_day
 from ..resources.history import HistoryResource
@@ -19,10 +18,11 @@ decision_log_partitions = dg.DailyPartitionsDefinition(start_date="2026-01-01", 
     kinds={"pandas", "parquet"},
     io_manager_key="frames_io_manager",
 )
-def decision_log(context: dg.AssetExecutionContext, history: HistoryResource) -> dg.Output[pd.DataFrame]:
+def decision_log(context: dg.AssetExecutionContext, history: HistoryResource) -> dg.Output:
     """The deliberations decided on this day (UTC): task, story, plan, role, status, winner, scores,
     tokens, timings, run id and the winning proposal; one row per decision. Today's partition is
-    rebuilt every hour; retention removes a deliberation only once it is in this table."""
+    rebuilt every hour; retention removes a deliberation only once it is in this table. A pandas
+    DataFrame (imported when the table is built, not with the code location)."""
     frame = build_day(context.instance, history.base_path, context.partition_key)
     return dg.Output(
         frame,
