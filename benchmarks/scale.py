@@ -479,7 +479,7 @@ def run_backend(backend: str, sizes: list[int]) -> dict:
                     with path.open("wb") as f:
                         build_day(instance, base, day).to_parquet(f, index=False)
                 build = (time.perf_counter() - start) / len(days)
-                figures[size]["decision log, build one day (1,000 rows)"] = build
+                figures[size][f"decision log, build one day ({PER_DAY:,} rows)"] = build
                 start = time.perf_counter()
                 report = expire(instance, base, DELIBERATION_PARTITIONS, keys, RETENTION_DAYS * 86_400, now)
                 figures[size]["retention job, catch-up"] = time.perf_counter() - start
