@@ -1,8 +1,9 @@
 """A task's status and results, read back from the Dagster instance (`fleet result`).
 
-Lookups go by index, never by listing partitions or runs: the task's latest run (run tag), that
-run's own events, the partition itself; then, when retention has removed the partition, the
-decision log table of the day the decision was stored; then the last approved plans in the stream.
+Lookups go by index, never by listing partitions or runs: the task's latest run (run tag), the
+partition's latest decision (asset key + partition), the partition itself; then, when retention
+has removed the partition, the decision log table of the day the decision was stored; then the
+last approved plans in the stream.
 
 PENDING: the partition exists or the approved plan sits in the stream, no run started yet (or
 queued); IN_PROGRESS: a run is going; COMPLETED / PARTIAL / FAILED / TIMEOUT: the decision's
@@ -67,12 +68,22 @@ class TaskResult(BaseModel):
     winner_content: str | None = Field(default=None, description="The winning proposal.")
 
 
-def _materialized(instance: dg.DagsterInstance, run_id: str) -> tuple[list[str], float | None]:
-    """The assets a run materialized, and when it stored its decision (None: not yet)."""
+def _decided_at(instance: dg.DagsterInstance, task_id: str, run_id: str) -> float | None:
+    """When `run_id` stored the task's decision (None: it has not): the partition's latest decision
+    materialization, one indexed query (asset key + partition) however many runs and events exist."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=DECISION, asset_partitions=[task_id]), limit=1
+    ).records
+    return records[0].timestamp if records and records[0].run_id == run_id else None
+
+
+def _materialized(instance: dg.DagsterInstance, run_id: str) -> list[str]:
     events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-    keys = [e.dagster_event.asset_key for e in events if e.dagster_event and e.dagster_event.asset_key]
-    decided = [e.timestamp for e in events if e.dagster_event and e.dagster_event.asset_key == DECISION]
-    return [k.to_user_string() for k in keys], (decided[-1] if decided else None)
+    return [
+        e.dagster_event.asset_key.to_user_string()
+        for e in events
+        if e.dagster_event and e.dagster_event.asset_key
+    ]
 
 
 def _from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
@@ -139,7 +150,7 @@ def task_result(
                 source="live",
                 run_id=run.run_id,
             )
-        done, decided_at = _materialized(instance, run.run_id)
+        decided_at = _decided_at(instance, task_id, run.run_id)
         if decided_at is not None:
             if live:
                 return _from_decision(task_id, run.run_id, load_decision(task_id))
@@ -151,6 +162,7 @@ def task_result(
             return TaskResult(
                 task_id=task_id, status=TaskStatus.FAILED, detail=message, source="live", run_id=run.run_id
             )
+        done = _materialized(instance, run.run_id)
         return TaskResult(
             task_id=task_id,
             status=TaskStatus.IN_PROGRESS,
