@@ -328,7 +328,7 @@ def sqlite_home(base: Path):
     yield home, str(home)
 
 
-def run_backend(backend: str, sizes: list[int]) -> dict:
+def run_backend(backend: str, sizes: list[int], lookups_only: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp, ExitStack() as stack:
         base = Path(tmp)
         storage = base / "storage"
@@ -441,15 +441,15 @@ def run_backend(backend: str, sizes: list[int]) -> dict:
 
         def measure(old_source: str, tick: bool = True) -> dict[str, float]:
             figures = {}
-            if tick:
+            if tick and not lookups_only:
                 time.sleep(6)  # the planning sensor's minimum interval (5 s) since its last tick
                 figures["sensor tick, 100 new plans"] = sensor_tick()
-            return figures | {
-                "fleet result, recent task": lookup(filler.task_id(filled - 1), "live"),
-                "fleet result, oldest task": lookup(filler.task_id(0), old_source),
-                "GraphQL asset page": graphql(ASSET_PAGE),
-                "GraphQL partitions tab": graphql(PARTITIONS_TAB),
-            }
+            figures["fleet result, recent task"] = lookup(filler.task_id(filled - 1), "live")
+            figures["fleet result, oldest task"] = lookup(filler.task_id(0), old_source)
+            if not lookups_only:
+                figures["GraphQL asset page"] = graphql(ASSET_PAGE)
+                figures["GraphQL partitions tab"] = graphql(PARTITIONS_TAB)
+            return figures
 
         for size in sizes:
             start = time.perf_counter()
@@ -464,6 +464,8 @@ def run_backend(backend: str, sizes: list[int]) -> dict:
                 f"[{backend}] {size:,}: " + json.dumps({k: round(v, 4) for k, v in figures[size].items()}),
                 flush=True,
             )
+            if lookups_only:
+                continue
             keys = [a.key.to_user_string() for a in deliberation_assets]
             start = time.perf_counter()
             if size != sizes[-1]:  # as of the newest one filled, nothing is old enough yet
@@ -528,6 +530,11 @@ def main() -> None:
     parser.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
     parser.add_argument("--sizes", default="10000,50000", help="comma-separated partition counts")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--lookups-only",
+        action="store_true",
+        help="measure `fleet result` only (no tick, GraphQL, retention)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.backend == "both":  # one process per backend: the code location reads env at import
@@ -536,7 +543,7 @@ def main() -> None:
                 [sys.executable, __file__, "--backend", backend, "--sizes", args.sizes], check=False
             )
         return
-    result = run_backend(args.backend, sizes)
+    result = run_backend(args.backend, sizes, args.lookups_only)
     print_table(result, sizes)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
