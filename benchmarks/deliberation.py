@@ -10,6 +10,7 @@ process, and prints ratios measured in the same run (the machine is shared and n
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import tempfile
@@ -21,7 +22,7 @@ import dagster as dg
 
 from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import materialize_deliberation
-from fleet_pipelines.dispatch.ray_dispatch import run_turn
+from fleet_pipelines.dispatch.admission import execute_turn, make_engine
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import proposal_requests
 from fleet_pipelines.domain.models import Role, Task
@@ -87,7 +88,7 @@ def main() -> None:
                 for key, value in run_pipeline(resources, instance, f"three-{i}", 3).items():
                     three[key].append(value)
                 start = time.perf_counter()
-                turns = [run_turn(engine, r) for r in requests]
+                turns = [asyncio.run(execute_turn(make_engine(engine), r)) for r in requests]
                 sequential["wall"].append(time.perf_counter() - start)
                 sequential["tokens"].append(float(sum(t.tokens_out for t in turns)))
     finally:

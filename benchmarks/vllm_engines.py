@@ -8,6 +8,7 @@ Figures depend on the machine and its load; ratios in one run are what to compar
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import tempfile
 import time
@@ -28,6 +29,14 @@ from fleet_pipelines.llm.vllm_actor import (
 )
 
 PROMPT = [Message(role="user", content="Write a Python function that reverses a string, with a docstring.")]
+
+
+def blocking(make_engine):
+    """A synchronous `complete(messages, temperature, max_tokens)` over a streaming engine (one event
+    loop, and so one fresh engine, per call: threads run calls at once)."""
+    return lambda messages, temperature, max_tokens: asyncio.run(
+        make_engine().stream(messages, temperature, max_tokens)
+    )
 
 
 def rss_mb(pid: int) -> float:
@@ -81,8 +90,9 @@ def bench_server(hf_model: Path, logs: Path, concurrency: int, max_tokens: int) 
     try:
         service.wait_ready(lambda: stack.http_ok(f"http://127.0.0.1:{port}/health"), 600)
         ready = time.perf_counter() - start
-        engine = ChatEngine(EngineSettings(base_url=f"http://127.0.0.1:{port}/v1", model=MODEL_NAME))
-        report("openai server", ready, rss_mb(service.process.pid), engine.complete, concurrency, max_tokens)
+        settings = EngineSettings(base_url=f"http://127.0.0.1:{port}/v1", model=MODEL_NAME)
+        complete = blocking(lambda: ChatEngine(settings))
+        report("openai server", ready, rss_mb(service.process.pid), complete, concurrency, max_tokens)
     finally:
         service.stop()
 
@@ -104,11 +114,11 @@ def bench_actor(hf_model: Path, logs: Path, concurrency: int, max_tokens: int) -
             cache_root=str(logs / "vllm-cache"),
         )
         start = time.perf_counter()
-        engine = VLLMActorEngine(settings)
-        engine.complete(PROMPT, 0.0, 1)  # returns once the model is loaded
+        complete = blocking(lambda: VLLMActorEngine(settings))
+        complete(PROMPT, 0.0, 1)  # returns once the model is loaded
         ready = time.perf_counter() - start
         pid = ray.get(engine_actor(settings).stats.remote())["pid"]
-        report("ray actor", ready, rss_mb(pid), engine.complete, concurrency, max_tokens)
+        report("ray actor", ready, rss_mb(pid), complete, concurrency, max_tokens)
     finally:
         ray.shutdown()
         head.stop()

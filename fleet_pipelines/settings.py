@@ -10,10 +10,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlparse
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from .domain.council import DEFAULT_MAX_TOKENS
 from .llm.local_server import MODEL_NAME
 
 if TYPE_CHECKING:
@@ -58,10 +58,15 @@ class FleetSettings(BaseModel):
         description="Model name sent with each request.",
     )
     llm_api_key_set: bool = Field(default=False, description=f"{LLM_API_KEY} is set (read via dg.EnvVar).")
-    max_tokens: int = Field(
-        default=DEFAULT_MAX_TOKENS,
+    max_tokens: int | None = Field(
+        default=None,
         validation_alias=_env("FLEET_MAX_TOKENS"),
-        description="Completion limit of one agent turn.",
+        description="One limit for every agent turn instead of the per-kind budgets (tests keep turns short).",
+    )
+    engine_slots: int | None = Field(
+        default=None,
+        validation_alias=_env("FLEET_ENGINE_SLOTS"),
+        description="Requests the engine serves at once (default: llama.cpp's /props, else 4).",
     )
     engine_backend: Literal["openai", "vllm_actor"] = Field(
         default="openai", validation_alias=_env("FLEET_ENGINE_BACKEND")
@@ -80,6 +85,7 @@ class FleetSettings(BaseModel):
         default=None, validation_alias=_env("FLEET_VLLM_CPU_KVCACHE_GIB")
     )
     vllm_cache_root: str | None = Field(default=None, validation_alias=_env("FLEET_VLLM_CACHE_ROOT"))
+    vllm_max_num_seqs: int | None = Field(default=None, validation_alias=_env("FLEET_VLLM_MAX_NUM_SEQS"))
     councils_file: str | None = Field(
         default=None,
         validation_alias=_env("FLEET_COUNCILS_FILE"),
@@ -161,6 +167,13 @@ class FleetSettings(BaseModel):
     def dagster_home_path(self) -> Path:
         return (self.dagster_home or self.state_path / "dagster_home").resolve()
 
+    def engine_id(self) -> str:
+        """Which engine the deliberations use, as a run tag value (`fleet/engine`, the run queue
+        limits runs per engine): the vLLM model of the engine actor, or the server's host:port."""
+        if self.engine_backend == "vllm_actor":
+            return f"vllm-actor:{Path(self.vllm_model or 'none').name}"
+        return urlparse(self.llm_base_url).netloc or self.llm_base_url
+
     def nats(self) -> NatsResource:
         import dagster as dg
 
@@ -189,6 +202,7 @@ class FleetSettings(BaseModel):
                 "enforce_eager": self.vllm_enforce_eager,
                 "cpu_kvcache_space_gib": self.vllm_cpu_kvcache_gib,
                 "cache_root": self.vllm_cache_root,
+                "max_num_seqs": self.vllm_max_num_seqs,
             }
             vllm = VLLMActorConfig(
                 model=self.vllm_model,
@@ -201,6 +215,7 @@ class FleetSettings(BaseModel):
                 base_url=self.llm_base_url,
                 model=self.llm_model,
                 api_key=dg.EnvVar(LLM_API_KEY) if self.llm_api_key_set else None,
+                slots=self.engine_slots,
             ),
             vllm_actor=vllm,
         )

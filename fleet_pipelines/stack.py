@@ -109,7 +109,15 @@ def start_model_server(
     return service
 
 
-def start_ray_head(log_dir: Path, port: int, num_cpus: int = 2, timeout_s: float = 120) -> Service:
+def start_ray_head(
+    log_dir: Path,
+    port: int,
+    num_cpus: int = 2,
+    timeout_s: float = 120,
+    client_port: int | None = None,
+    env: dict[str, str] | None = None,
+) -> Service:
+    """`ray start --head`; with `client_port` its Ray Client server listens there (`ray://`)."""
     ray = str(Path(sys.executable).with_name("ray"))
     service = launch(
         "ray-head",
@@ -121,14 +129,31 @@ def start_ray_head(log_dir: Path, port: int, num_cpus: int = 2, timeout_s: float
             f"--num-cpus={num_cpus}",
             "--include-dashboard=false",
             "--disable-usage-stats",
+            *([f"--ray-client-server-port={client_port}"] if client_port else []),
             "--block",
         ],
         log_dir,
+        env,
     )
     service.wait_ready(
         lambda: port_open("127.0.0.1", port) and b"Ray runtime started" in service.log_path.read_bytes(),
         timeout_s,
     )
+    return service
+
+
+def start_ray_node(
+    log_dir: Path, head: str, num_cpus: int = 1, timeout_s: float = 120, env: dict[str, str] | None = None
+) -> Service:
+    """A second Ray node joining the head at `head` (host:port), as a worker pod would."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    service = launch(
+        "ray-node",
+        [ray, "start", f"--address={head}", f"--num-cpus={num_cpus}", "--disable-usage-stats", "--block"],
+        log_dir,
+        env,
+    )
+    service.wait_ready(lambda: b"Ray runtime started" in service.log_path.read_bytes(), timeout_s)
     return service
 
 
@@ -173,18 +198,21 @@ class DevStack:
 
 
 @contextmanager
-def fleet_dev(root: Path, max_tokens: int, timeout_s: float = 240) -> Iterator[DevStack]:
+def fleet_dev(
+    root: Path, max_tokens: int | None, timeout_s: float = 240, engine_url: str | None = None
+) -> Iterator[DevStack]:
     """Starts `fleet dev` with its state under `root`, yields once the UI answers, then stops it
-    with Ctrl-C (SIGINT) as a person would. For tests and benchmarks of the whole local stack."""
+    with Ctrl-C (SIGINT) as a person would. For tests and benchmarks of the whole local stack.
+    `max_tokens` caps every turn (None: the default budgets); `engine_url` uses that engine instead
+    of starting one."""
     ports = {name: free_port() for name in ("ui", "model", "ray", "nats")}
-    env = {
-        **os.environ,
-        "FLEET_STATE_DIR": str(root / "state"),
-        "DAGSTER_HOME": str(root / "home"),
-        "FLEET_MAX_TOKENS": str(max_tokens),
-    }
-    for name in ("FLEET_LLM_BASE_URL", "VLLM_URL", "RAY_ADDRESS", "NATS_URL"):
+    env = {**os.environ, "FLEET_STATE_DIR": str(root / "state"), "DAGSTER_HOME": str(root / "home")}
+    for name in ("FLEET_LLM_BASE_URL", "VLLM_URL", "RAY_ADDRESS", "NATS_URL", "FLEET_MAX_TOKENS"):
         env.pop(name, None)
+    if max_tokens is not None:
+        env["FLEET_MAX_TOKENS"] = str(max_tokens)
+    if engine_url is not None:
+        env["FLEET_LLM_BASE_URL"] = engine_url
     argv = [sys.executable, "-m", "fleet_pipelines.cli", "dev", "--port", str(ports["ui"])]
     argv += ["--model-port", str(ports["model"]), "--ray-port", str(ports["ray"])]
     argv += ["--nats-port", str(ports["nats"])]
@@ -199,6 +227,7 @@ def fleet_dev(root: Path, max_tokens: int, timeout_s: float = 240) -> Iterator[D
                 raise RuntimeError("fleet dev did not start:\n" + "".join(output))
             output.append(process.stdout.readline())
         env["NATS_URL"] = f"nats://127.0.0.1:{ports['nats']}"
+        env.setdefault("FLEET_LLM_BASE_URL", f"http://127.0.0.1:{ports['model']}/v1")
         yield DevStack(process=process, env=env, dagster_home=root / "home", ports=ports)
     finally:
         os.killpg(process.pid, signal.SIGINT)
@@ -214,12 +243,16 @@ class DevPorts:
 
 
 def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Path) -> int:
-    """The local stack in the foreground: NATS (unless NATS_URL is set), the model server, a Ray
-    head and `dagster dev`, each in its own process group. Returns when one of them exits (1),
-    or on Ctrl-C / SIGTERM (0), after stopping all of them in reverse order."""
+    """The local stack in the foreground: NATS (unless NATS_URL is set), the model server (unless
+    FLEET_LLM_BASE_URL is set), a Ray head and `dagster dev`, each in its own process group.
+    Returns when one of them exits (1), or on Ctrl-C / SIGTERM (0), after stopping all of them in
+    reverse order."""
     log_dir = state_dir / "logs"
     external_nats = bool(os.environ.get("NATS_URL"))
-    wanted = {"--port": ports.ui, "--model-port": ports.model, "--ray-port": ports.ray}
+    external_engine = bool(os.environ.get("FLEET_LLM_BASE_URL") or os.environ.get("VLLM_URL"))
+    wanted = {"--port": ports.ui, "--ray-port": ports.ray}
+    if not external_engine:
+        wanted["--model-port"] = ports.model
     if not external_nats:
         wanted["--nats-port"] = ports.nats
     busy = [f"{flag} {port}" for flag, port in wanted.items() if port_open("127.0.0.1", port)]
@@ -249,9 +282,10 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
             services.append(start_nats(log_dir, ports.nats, state_dir / "nats"))
             os.environ["NATS_URL"] = f"nats://127.0.0.1:{ports.nats}"
         print(f"nats: {os.environ['NATS_URL']}", flush=True)
-        services.append(start_model_server(log_dir, ports.model))
-        os.environ.setdefault("FLEET_LLM_BASE_URL", f"http://127.0.0.1:{ports.model}/v1")
-        print(f"model server: {os.environ['FLEET_LLM_BASE_URL']}", flush=True)
+        if not external_engine:
+            services.append(start_model_server(log_dir, ports.model))
+            os.environ["FLEET_LLM_BASE_URL"] = f"http://127.0.0.1:{ports.model}/v1"
+        print(f"model server: {os.environ.get('FLEET_LLM_BASE_URL') or os.environ['VLLM_URL']}", flush=True)
         services.append(start_ray_head(log_dir, ports.ray))
         os.environ["RAY_ADDRESS"] = f"127.0.0.1:{ports.ray}"
         print(f"ray head: {os.environ['RAY_ADDRESS']}", flush=True)

@@ -1,7 +1,8 @@
 """Fault-injection doubles, named Fake: used only where a real part can't produce the fault on demand.
 
-`FakeOpenAIServer` speaks just enough of the OpenAI chat API to answer 5xx, hang, or answer slowly
-on a scripted request; llama.cpp's server cannot be made to do those on cue.
+`FakeOpenAIServer` speaks just enough of the OpenAI chat API (plain and `stream=True`) to answer
+5xx, hang before the first token, stall between tokens, or answer slowly on a scripted request;
+llama.cpp's server cannot be made to do those on cue.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class Fault:
     status: int = 200  # HTTP status to answer with
     delay_s: float = 0.0  # sleep before answering (a slow or hanging engine)
     content: str = "```python\ndef add(a, b):\n    return a + b\n```"
+    stall_after: int | None = None  # streaming: stop sending after this many pieces (and hang)
 
 
 @dataclass
@@ -52,6 +54,9 @@ class FakeOpenAIServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fault = fake._next(body)
                 time.sleep(fault.delay_s)
+                if fault.status == 200 and body.get("stream"):
+                    self._stream(body, fault)
+                    return
                 if fault.status != 200:
                     payload = {"error": {"message": f"injected {fault.status}", "type": "server_error"}}
                 else:
@@ -78,6 +83,35 @@ class FakeOpenAIServer:
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (timeout): that is the point of a hanging fault
+
+            def _stream(self, body: dict, fault: Fault) -> None:
+                """Server-sent events, one piece per line of the content, then usage and [DONE]."""
+                pieces = fault.content.splitlines(keepends=True)
+
+                def event(data: dict | str) -> None:
+                    text = data if isinstance(data, str) else json.dumps(data)
+                    self.wfile.write(f"data: {text}\n\n".encode())
+                    self.wfile.flush()
+
+                def chunk(delta: dict, usage: dict | None = None) -> dict:
+                    choices = [] if usage else [{"index": 0, "delta": delta, "finish_reason": None}]
+                    out = {"id": "fake", "object": "chat.completion.chunk", "created": 0}
+                    return {**out, "model": body.get("model", "fake"), "choices": choices, "usage": usage}
+
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    for i, piece in enumerate(pieces):
+                        if fault.stall_after is not None and i >= fault.stall_after:
+                            time.sleep(3600)
+                        event(chunk({"content": piece}))
+                    event(
+                        chunk({}, {"prompt_tokens": 7, "completion_tokens": len(pieces), "total_tokens": 7})
+                    )
+                    event("[DONE]")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True

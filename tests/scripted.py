@@ -89,13 +89,24 @@ class ScriptedTurnRunner(TurnRunnerResource):
         return "scripted"
 
     def run_turns(
-        self, requests: Sequence[TurnRequest], deadline: float | None, engine: EngineEntry | None = None
+        self,
+        requests: Sequence[TurnRequest],
+        deadline: float | None,
+        engine: EngineEntry | None = None,
+        on_chunk=None,
+        on_result=None,
     ) -> list[TurnResult]:
-        """The scripted answers, recorded with the council's engine's model when it has one."""
+        """The scripted answers, recorded with the council's engine's model when it has one; each
+        turn's text as one chunk, then its end, as the Ray runner reports them."""
         record(self.record_to, requests)
         results = self._engine(requests)
         if engine is not None:
             results = [r.model_copy(update={"model": engine.model}) for r in results]
+        for request, result in zip(requests, results, strict=True):
+            if on_chunk is not None and result.content:
+                on_chunk(request, 0, result.content, result.tokens_out)
+            if on_result is not None:
+                on_result(result)
         return results
 
 

@@ -9,6 +9,7 @@ import time
 import types
 import typing
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from enum import Enum
 from typing import Any
 
@@ -18,12 +19,11 @@ from pydantic.fields import FieldInfo
 
 from ..domain.context import StoryContext
 from ..domain.decision import Decision, decide, rank
-from ..domain.deliberation import current_versions, proposal_requests, review_rounds
+from ..domain.deliberation import TurnRunner, current_versions, proposal_requests, review_rounds
 from ..domain.models import Task, TurnKind, TurnResult, flat_task_fields, validation_message
 from ..domain.prompts import feedback_block
 from ..domain.scoring import CheckResult, ProposalScore, gate_failures
 from ..events.outbound import (
-    agent_response_events,
     collector_event,
     decision_outcome,
     deliberation_outcome_event,
@@ -37,6 +37,7 @@ from ..scoring.checks import execution_checks, score_finals
 from . import DELIBERATION_JOB
 from .partitions import GROUP, deliberation_partitions
 from .previews import table, turns_metadata
+from .progress import TurnProgress
 from .story import report_story_decision, story_context
 
 
@@ -103,16 +104,22 @@ def _deadline(context: dg.AssetExecutionContext, task: Task) -> float:
     return _run_started(context) + task.constraints.timeout_seconds
 
 
-def _publish_turns(
-    context: dg.AssetExecutionContext, nats: NatsResource, task: Task, results: list[TurnResult]
-) -> None:
-    """agent.response.completed|failed per turn; keys from run + turn, so a retried step's copies drop."""
-    tags = context.run.tags
-    nats.publish(
-        agent_response_events(
-            task, results, context.run_id, tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION)
-        )
-    )
+@contextmanager
+def _live_turns(
+    context: dg.AssetExecutionContext,
+    turn_runner: TurnRunnerResource,
+    nats: NatsResource,
+    task: Task,
+    engine: EngineEntry | None,
+) -> Iterator[TurnRunner]:
+    """The turn runner with live progress (`assets.progress`): chunks on vllm.streaming.{task_id},
+    each turn's events as it ends (keys from run + turn, so a retried step's copies drop), and the
+    run log."""
+    with nats.publisher() as publisher:
+        progress = TurnProgress(context, publisher, task)
+        yield turn_runner.runner(_deadline(context, task), engine, progress.on_chunk, progress.on_result)
+        if publisher.dropped:
+            context.log.warning(f"{publisher.dropped} progress chunks could not be published")
 
 
 @dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
@@ -143,13 +150,11 @@ def proposals(
     context in its prompt."""
     convened = council.convene(deliberation_task.model_copy(update={"context": story_context}))
     task, settings, agents = convened.task, convened.settings, convened.agents
-    results = turn_runner.run_turns(
-        proposal_requests(task, agents, settings), _deadline(context, task), convened.engine
-    )
+    with _live_turns(context, turn_runner, nats, task, convened.engine) as run_turns:
+        results = run_turns(proposal_requests(task, agents, settings))
     ok = sum(r.ok for r in results)
     engine = convened.engine.model if convened.engine else turn_runner.model_name
     context.log.info(f"{ok}/{len(results)} proposals from {engine} (councils file {convened.version})")
-    _publish_turns(context, nats, task, results)
     return dg.Output(results, metadata={"usable": ok, **convened.metadata(), **turns_metadata(results)})
 
 
@@ -175,15 +180,8 @@ def reviews(
         shown.append((text, checks))
         return checks
 
-    history = review_rounds(
-        task,
-        agents,
-        settings,
-        proposals,
-        turn_runner.runner(_deadline(context, task), convened.engine),
-        check_code,
-    )
-    _publish_turns(context, nats, task, history)
+    with _live_turns(context, turn_runner, nats, task, convened.engine) as run_turns:
+        history = review_rounds(task, agents, settings, proposals, run_turns, check_code)
     return dg.Output(
         history,
         metadata={
@@ -220,6 +218,7 @@ def scores(
     reviews: list[TurnResult],
     council: CouncilResource,
     turn_runner: TurnRunnerResource,
+    nats: NatsResource,
 ) -> dg.Output[list[ProposalScore]]:
     """Each agent's final proposal scored by checks (parse, ruff, tests in the sandbox, coverage,
     LLM judge), in council order, with the evidence of each check."""
@@ -227,15 +226,16 @@ def scores(
     task, agents = convened.task, convened.agents
     history = [*proposals, *reviews]
     finals = current_versions(history)
-    scored = score_finals(
-        task,
-        agents,
-        finals,
-        convened.weights,
-        council.sandbox.to_model(),
-        turn_runner.runner(_deadline(context, task), convened.engine),
-        convened.judge_max_tokens,
-    )
+    with _live_turns(context, turn_runner, nats, task, convened.engine) as run_turns:
+        scored = score_finals(
+            task,
+            agents,
+            finals,
+            convened.weights,
+            council.sandbox.to_model(),
+            run_turns,
+            convened.judge_max_tokens,
+        )
     if not scored:
         return dg.Output(scored, metadata={"scores": dg.MetadataValue.text("no usable proposal")})
     ranking = rank(

@@ -16,6 +16,8 @@ TURN_TABLE_COLUMNS = [
     "status",
     "tokens_in",
     "tokens_out",
+    "queue_ms",
+    "first_token_ms",
     "latency_ms",
     "attempts",
     "error_type",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -27,10 +28,15 @@ EXIT_WAIT_EXPIRED = 4
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @click.option("--wait", type=float, default=0.0, help="poll up to SECONDS for a final status")
-def result(task_id: str, as_json: bool, wait: float) -> None:
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="print each turn as it finishes (queue wait, service time) until a final status (--wait limits it)",
+)
+def result(task_id: str, as_json: bool, wait: float, follow: bool) -> None:
     import dagster as dg
 
-    from ..events.results import TERMINAL, find_task_in_stream, task_result
+    from ..events.results import TERMINAL, TaskStatus, find_task_in_stream, finished_turns, task_result
     from ..history.log import read_log
     from ..resources.io import read_stored
     from ..settings import FleetSettings
@@ -56,10 +62,16 @@ def result(task_id: str, as_json: bool, wait: float) -> None:
         return read_log(settings.storage, day)
 
     instance = dg.DagsterInstance.get()
-    deadline = time.monotonic() + wait
+    deadline = time.monotonic() + (wait or (math.inf if follow else 0))
+    followed: dict[str, str | None] = {}  # run id -> its log cursor
     while True:
         found = task_result(instance, task_id, load_decision, load_log_day, find_in_stream)
-        if found.status in TERMINAL or time.monotonic() >= deadline:
+        if follow and found.run_id and found.status is not TaskStatus.PENDING:
+            lines, followed[found.run_id] = finished_turns(instance, found.run_id, followed.get(found.run_id))
+            for line in lines:
+                click.echo(line.removeprefix("turn "))
+        unknown = found.status is TaskStatus.NOT_FOUND and not wait
+        if found.status in TERMINAL or unknown or time.monotonic() >= deadline:
             break
         time.sleep(1)
     if as_json:
@@ -74,6 +86,6 @@ def result(task_id: str, as_json: bool, wait: float) -> None:
             click.echo(f"  - {reason}")
         if found.winner_content:
             click.echo(f"\n--- winning proposal ---\n{found.winner_content}")
-    if wait and found.status not in TERMINAL and found.status.value != "NOT_FOUND":
+    if (wait or follow) and found.status not in TERMINAL and found.status.value != "NOT_FOUND":
         sys.exit(EXIT_WAIT_EXPIRED)
     sys.exit(EXIT_RESULT[found.status.value])

@@ -1,90 +1,38 @@
-"""Agent turns on Ray, through a pool of long-lived, threaded worker actors.
+"""Agent turns on Ray, through the admission queue of their engine (`dispatch.admission`).
 
-A turn is I/O-bound (it waits on the engine), so one worker process serves many turns at once
-(`max_concurrency` threads) and reserves only a small fraction of a CPU: 3 agents on a 2-core head
-run at once instead of queueing for whole cores. The workers are detached named actors, shared by
-every run and kept warm between them: measured here, 3 turns against a 1 s engine took 1.02 s
-through warm actors against 2.3-4.0 s as one Ray task per turn (a task waits for a worker
-process to start and import the project). Their names carry a hash of the project's source, so new
-code gets new workers. A worker process that dies is restarted by Ray and the turns it was running
-are re-run (`max_worker_retries`); engine errors are retried inside the turn with backoff and come
-back as failed results, never as exceptions that would sink the whole batch. Turns still running at
-the deliberation deadline are reported as TIMEOUT.
+A batch of turns is submitted to the engine's `EngineQueue` actor (named, detached, shared by
+every run on the cluster, created on first use) and the run long-polls it: text chunks go to
+`on_chunk` as they stream, each result to `on_result` as soon as its turn ends, and the batch
+returns in request order. The actor's name carries a hash of the project's source, so new code
+gets a new queue. An actor process that dies is restarted by Ray; turns it lost are submitted
+again (`max_worker_retries`). Turns still unfinished at the deadline (plus a grace for the actor
+to report its own TIMEOUT) are abandoned, which closes their streams.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import GetTimeoutError, RayError
 
+from ..domain.deliberation import OnChunk, OnResult
 from ..domain.models import TurnRequest, TurnResult, TurnStatus
-from ..llm.engine import ChatEngine, EngineError, EngineSettings
-from ..llm.vllm_actor import VLLMActorEngine, VLLMActorSettings
-
-# The backend follows the settings' type: an OpenAI-compatible server, or the vLLM engine actor.
-AnyEngineSettings = EngineSettings | VLLMActorSettings
-_engines: dict[AnyEngineSettings, ChatEngine | VLLMActorEngine] = {}
-
-
-def run_turn(settings: AnyEngineSettings, request: TurnRequest) -> TurnResult:
-    """One agent turn against the engine; runs inside a Ray worker (or inline in tests)."""
-    engine = _engines.get(settings)
-    if engine is None:
-        engine = _engines[settings] = (
-            VLLMActorEngine(settings) if isinstance(settings, VLLMActorSettings) else ChatEngine(settings)
-        )
-    start = time.perf_counter()
-    try:
-        completion = engine.complete(
-            request.messages, request.temperature, request.max_tokens, request.response_schema
-        )
-    except EngineError as exc:
-        failed = TurnResult.unfinished(request, TurnStatus.FAILED, str(exc), exc.kind)
-        return failed.model_copy(
-            update={"latency_ms": (time.perf_counter() - start) * 1000, "attempts": exc.attempts}
-        )
-    status = TurnStatus.COMPLETED if completion.content.strip() else TurnStatus.FAILED
-    return TurnResult(
-        task_id=request.task_id,
-        agent_id=request.agent_id,
-        role=request.role,
-        kind=request.kind,
-        round=request.round,
-        target_agent_id=request.target_agent_id,
-        status=status,
-        content=completion.content,
-        model=completion.model,
-        temperature=request.temperature,
-        tokens_in=completion.tokens_in,
-        tokens_out=completion.tokens_out,
-        latency_ms=completion.latency_ms,
-        attempts=completion.attempts,
-        error=None if status is TurnStatus.COMPLETED else "engine returned an empty completion",
-        error_type=None if status is TurnStatus.COMPLETED else "EmptyCompletion",
-    )
-
+from .admission import AnyEngineSettings, EngineQueue, queue_name
 
 WORKER_NAMESPACE = "fleet"
 
 
-@ray.remote
-class TurnWorker:
-    """Runs turns in threads; its engines (HTTP connection pools) stay warm between runs."""
-
-    def run(self, settings: AnyEngineSettings, request: TurnRequest) -> TurnResult:
-        return run_turn(settings, request)
-
-
 @cache
 def code_version() -> str:
-    """A hash of the package's source: workers started by older code are never reused."""
+    """A hash of the package's source: queues started by older code are never reused."""
     digest = hashlib.sha1()
     for path in sorted(Path(__file__).resolve().parent.parent.rglob("*.py")):
         digest.update(path.read_bytes())
@@ -93,65 +41,116 @@ def code_version() -> str:
 
 @dataclass(frozen=True)
 class DispatchSettings:
-    num_cpus_per_turn: float = 0.05  # CPU reserved per worker actor (and per Ray task of a fan-out)
-    max_worker_retries: int = 3
-    workers: int = 2  # worker actors; turns are spread over them
-    max_concurrency: int = 64  # turns one worker runs at once
+    num_cpus_per_turn: float = 0.05  # CPU of the queue actor (and of each Ray task of a fan-out)
+    max_worker_retries: int = 3  # resubmissions of turns lost with a dead queue actor
+    max_concurrency: int = 1024  # calls the queue actor takes at once (polls included)
+    chunk_interval_s: float = 0.3  # a few chunks per second per turn, not one message per token
+    poll_s: float = 1.0  # longest a poll waits for news
+    lease_s: float = 60.0  # a turn nobody polls this long is abandoned (its run died)
+    capacity: int | None = None  # engine slots; None: the engine's own (llama.cpp /props, vLLM)
+
+
+def engine_queue(engine: AnyEngineSettings, settings: DispatchSettings) -> ray.actor.ActorHandle:
+    """The admission queue of `engine` on the connected cluster, created by the first caller."""
+    return (
+        ray.remote(EngineQueue)
+        .options(
+            name=queue_name(engine, settings.capacity, code_version()),
+            namespace=WORKER_NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=settings.num_cpus_per_turn,
+            max_concurrency=settings.max_concurrency,
+            max_restarts=-1,
+            max_task_retries=settings.max_worker_retries,
+        )
+        .remote(engine, settings.capacity, settings.chunk_interval_s, settings.lease_s)
+    )
 
 
 class RayTurnDispatcher:
-    """Runs batches of turns on the connected Ray cluster, honouring a wall-clock deadline."""
+    """Runs batches of turns through the engine's admission queue, honouring a wall-clock deadline."""
 
-    def __init__(self, engine: AnyEngineSettings, settings: DispatchSettings, deadline: float | None = None):
+    def __init__(
+        self,
+        engine: AnyEngineSettings,
+        settings: DispatchSettings,
+        deadline: float | None = None,
+        on_chunk: OnChunk | None = None,
+        on_result: OnResult | None = None,
+    ):
         self.engine = engine
         self.settings = settings
-        self.deadline = deadline  # time.time() at which unfinished turns are cut off
+        self.deadline = deadline  # time.time() after which no turn starts and running ones stop
+        self.on_chunk = on_chunk
+        self.on_result = on_result
 
     def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
         if not requests:
             return []
-        remaining = None if self.deadline is None else self.deadline - time.time()
-        if remaining is not None and remaining <= 0:
-            return [self._timeout(r) for r in requests]
-        workers = self._workers()
-        engine_ref = ray.put(self.engine)
-        refs = [workers[i % len(workers)].run.remote(engine_ref, r) for i, r in enumerate(requests)]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=remaining)
-        ready_set = set(ready)
-        results = []
-        for ref, request in zip(refs, requests, strict=True):
-            if ref not in ready_set:
-                # A running actor call can't be interrupted; the engine's request timeout ends it.
-                ray.cancel(ref)
-                results.append(self._timeout(request))
-                continue
-            try:
-                results.append(ray.get(ref))
-            except RayError as exc:
-                results.append(
-                    TurnResult.unfinished(
-                        request, TurnStatus.FAILED, f"Ray could not run the turn: {exc}", type(exc).__name__
+        deadline = math.inf if self.deadline is None else self.deadline
+        if deadline <= time.time():
+            return [
+                self._finished(self._cut(r, "deadline passed before the turn was queued")) for r in requests
+            ]
+        queue = engine_queue(self.engine, self.settings)
+        by_id = {uuid.uuid4().hex: r for r in requests}
+        submission = [(turn_id, r, deadline) for turn_id, r in by_id.items()]
+        cursors = dict.fromkeys(by_id, 0)  # chunks read from the actor (restart at 0 when a turn re-runs)
+        emitted = dict.fromkeys(by_id, 0)  # chunks handed to on_chunk (never restart: they index the stream)
+        results: dict[str, TurnResult] = {}
+        retries = 0
+        try:
+            ray.get(queue.submit.remote(submission))
+            while len(results) < len(by_id):
+                pending = {i: cursors[i] for i in by_id if i not in results}
+                if time.time() > deadline + 10 * self.settings.poll_s:
+                    for i in pending:  # the actor should have reported them; it did not in time
+                        results[i] = self._finished(self._cut(by_id[i], "deliberation deadline reached"))
+                    break
+                try:
+                    news = ray.get(
+                        queue.poll.remote(pending, self.settings.poll_s), timeout=self.settings.poll_s + 60
                     )
-                )
-        return results
+                except (RayError, GetTimeoutError) as exc:
+                    retries += 1
+                    if retries > self.settings.max_worker_retries:
+                        for i in pending:
+                            results[i] = self._finished(
+                                TurnResult.unfinished(
+                                    by_id[i],
+                                    TurnStatus.FAILED,
+                                    f"Ray could not run the turn: {exc}",
+                                    type(exc).__name__,
+                                )
+                            )
+                        break
+                    continue
+                lost = [i for i, n in news.items() if not n["known"]]
+                if lost:  # the actor was restarted: run those turns again
+                    retries += 1
+                    ray.get(queue.submit.remote([(i, by_id[i], deadline) for i in lost]))
+                    for i in lost:
+                        cursors[i] = 0
+                for i, n in news.items():
+                    for text, pieces in n["chunks"]:
+                        if self.on_chunk is not None:
+                            self.on_chunk(by_id[i], emitted[i], text, pieces)
+                        cursors[i] += 1
+                        emitted[i] += 1
+                    if n["result"] is not None:
+                        results[i] = self._finished(n["result"])
+        finally:
+            unfinished = [i for i in by_id if i not in results]
+            if unfinished:
+                queue.abandon.remote(unfinished)  # closes their streams; nobody waits for the answer
+        return [results[i] for i in by_id]
 
-    def _workers(self) -> list[ray.actor.ActorHandle]:
-        s = self.settings
-        return [
-            TurnWorker.options(
-                name=f"turn-worker-{code_version()}-{i}",
-                namespace=WORKER_NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-                num_cpus=s.num_cpus_per_turn,
-                max_concurrency=s.max_concurrency,
-                max_restarts=-1,
-                max_task_retries=s.max_worker_retries,
-            ).remote()
-            for i in range(s.workers)
-        ]
+    def _finished(self, result: TurnResult) -> TurnResult:
+        if self.on_result is not None:
+            self.on_result(result)
+        return result
 
-    def _timeout(self, request: TurnRequest) -> TurnResult:
-        return TurnResult.unfinished(
-            request, TurnStatus.TIMEOUT, "deliberation deadline reached before the turn finished", "Timeout"
-        )
+    @staticmethod
+    def _cut(request: TurnRequest, why: str) -> TurnResult:
+        return TurnResult.unfinished(request, TurnStatus.TIMEOUT, why, "Timeout")

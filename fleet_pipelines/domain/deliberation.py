@@ -21,6 +21,10 @@ from .scoring import CheckResult
 
 TurnRunner = Callable[[Sequence[TurnRequest]], list[TurnResult]]
 """Runs a batch of turns and returns one result per request, in request order."""
+OnChunk = Callable[[TurnRequest, int, str, int], None]
+"""Live progress: (request, chunk index, text, pieces of text in it) as a turn's reply streams."""
+OnResult = Callable[[TurnResult], None]
+"""Live progress: a turn's result, as soon as the turn ends."""
 
 CodeChecker = Callable[[Task, str], list[CheckResult]]
 """Runs the code of a proposal's text for the task and returns what each check saw."""
@@ -37,7 +41,8 @@ def _request(
         round=round_,
         messages=messages,
         temperature=agent.temperature,
-        max_tokens=settings.max_tokens,
+        max_tokens=settings.budget(kind),
+        stop=list(settings.stop),
         target_agent_id=target,
     )
 

@@ -225,6 +225,7 @@ class TurnRequest(BaseModel):
     max_tokens: int
     target_agent_id: str | None = None  # for a critique: whose proposal is critiqued
     response_schema: dict | None = None  # JSON schema the reply must follow (engine-enforced)
+    stop: list[str] = Field(default_factory=list)  # stop sequences (the engine ends the reply there)
 
 
 class TurnResult(BaseModel):
@@ -244,8 +245,10 @@ class TurnResult(BaseModel):
     temperature: float = 0.0
     tokens_in: int = 0
     tokens_out: int = 0
-    latency_ms: float = 0.0
-    attempts: int = 1
+    latency_ms: float = 0.0  # service: from sending to the engine to the last token
+    queue_ms: float = 0.0  # admission: waiting for a free engine slot before being sent
+    first_token_ms: float = 0.0  # from sending to the first token
+    attempts: int = 1  # 0: never sent (it could not start before the deadline)
     error: str | None = None
     error_type: str | None = None
 
@@ -267,4 +270,11 @@ class TurnResult(BaseModel):
             temperature=request.temperature,
             error=error,
             error_type=error_type,
+            attempts=0,
         )
+
+
+def turn_label(turn: TurnRequest | TurnResult) -> str:
+    """`agent-dev-001 critique r1 -> agent-dev-002`: how progress and logs name a turn."""
+    target = f" -> {turn.target_agent_id}" if turn.target_agent_id else ""
+    return f"{turn.agent_id} {turn.kind.value} r{turn.round}{target}"

@@ -167,7 +167,10 @@ def evaluate_problem(
 ) -> list[ev.ArmOutcome]:
     """Arms A, D (whose round 0 is C's proposals), E, then B at D's token budget, on one problem."""
     task = problem_task(problem, settings)
-    council_settings = CouncilSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    m = settings.max_tokens
+    council_settings = CouncilSettings(
+        temperature=settings.temperature, propose_max_tokens=m, critique_max_tokens=m, revise_max_tokens=m
+    )
     agents = build_council(task.role, task.num_agents, council_settings)
     baseline = agents[0]
     run_turns = RayTurnDispatcher(engine, dispatch, deadline=time.time() + settings.problem_timeout_s)

@@ -128,12 +128,32 @@ class AgentResponse(BaseModel):
     kind: str = Field(description="propose, critique or revise.")
     target_agent_id: str | None = Field(default=None, description="For a critique: whose proposal.")
     status: str = Field(description="completed, failed or timeout.")
-    duration_ms: float = Field(description="Engine time of the turn.")
+    duration_ms: float = Field(description="Engine time of the turn (from sending to the last token).")
+    queue_ms: float = Field(default=0.0, description="Time the turn waited for a free engine slot.")
     timestamp: str = Field(default_factory=utc_now, description="ISO 8601.")
     num_agents: int = Field(description="Council size.")
     proposal: Proposal | None = Field(default=None, description="The text, when the turn completed.")
     error: str | None = Field(default=None, description="Why the turn failed.")
     error_type: str | None = Field(default=None, description="Error class of the failure.")
+
+
+class TurnChunk(BaseModel):
+    """`vllm.streaming.{task_id}`: a piece of a turn's text as it streams (a few per second per turn).
+    Concatenating a turn's chunks by `seq` gives its text; `done` marks the last one."""
+
+    task_id: str = Field(description="Deliberation task id.")
+    run_id: str = Field(description="The Dagster run deliberating.")
+    agent_id: str = Field(description="Agent id (`judge` for a judge turn).")
+    kind: str = Field(description="propose, critique, revise or judge.")
+    round: int = Field(description="0 for proposals, 1..R for review rounds.")
+    target_agent_id: str | None = Field(
+        default=None, description="For a critique or judge turn: whose proposal."
+    )
+    seq: int = Field(description="Chunk number within the turn, from 0.")
+    text: str = Field(description="The text of this chunk.")
+    tokens: int = Field(description="Streamed pieces (about one token each) in this chunk.")
+    done: bool = Field(default=False, description="The turn ended: no chunk follows.")
+    status: str | None = Field(default=None, description="With done: completed, failed or timeout.")
 
 
 class DecisionRecord(BaseModel):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from ..domain.decision import Decision
-from ..domain.models import DeliberationStatus, Task, TurnKind, TurnResult, TurnStatus
+from ..domain.models import DeliberationStatus, Task, TurnKind, TurnRequest, TurnResult, TurnStatus
 from .models import (
     AgentResponse,
     DecisionRecord,
@@ -22,6 +22,7 @@ from .models import (
     PlanningRejected,
     Proposal,
     RankEntry,
+    TurnChunk,
 )
 from .streams import (
     AGENT_CRITIQUE,
@@ -32,6 +33,7 @@ from .streams import (
     DELIBERATION_COMPLETED,
     DELIBERATION_FAILED,
     PLANNING_REJECTED,
+    streaming_subject,
 )
 
 Event = tuple[str, EventEnvelope | LegacyEvent]
@@ -42,7 +44,7 @@ TURN_SUBJECTS = {
     TurnKind.REVISE: AGENT_REVISION,
 }
 # AgentResponse fields the old system's workers did not send.
-_OURS_ONLY = {"round", "kind", "target_agent_id"}
+_OURS_ONLY = {"round", "kind", "target_agent_id", "queue_ms"}
 
 
 def _envelope(subject: str, key: str, payload: dict, correlation_id: str, causation_id: str | None) -> Event:
@@ -76,6 +78,7 @@ def agent_response_events(
             target_agent_id=r.target_agent_id,
             status=r.status.value,
             duration_ms=r.latency_ms,
+            queue_ms=r.queue_ms,
             num_agents=task.num_agents,
             proposal=Proposal(
                 content=r.content,
@@ -90,7 +93,7 @@ def agent_response_events(
             error=None if ok else r.error,
             error_type=None if ok else r.error_type,
         )
-        key = f"agent.response:{run_id}:{r.agent_id}:{r.kind.value}:{r.round}:{r.target_agent_id or '-'}"
+        key = f"agent.response:{turn_key(run_id, r)}"
         events.append(
             _envelope(
                 f"{TURN_SUBJECTS[r.kind]}.{'completed' if ok else 'failed'}",
@@ -172,6 +175,38 @@ def collector_failure_event(task_id: str, run_id: str, error: str) -> Event:
         "timestamp": datetime.now(UTC).isoformat(),
     }
     return COLLECTOR_FAILED, LegacyEvent(idempotency_key=f"deliberation.collector:{run_id}", body=body)
+
+
+def turn_key(run_id: str, turn: TurnRequest | TurnResult) -> str:
+    """A turn's identity within a run (idempotency keys of its events)."""
+    return f"{run_id}:{turn.agent_id}:{turn.kind.value}:{turn.round}:{turn.target_agent_id or '-'}"
+
+
+def turn_chunk_event(
+    task_id: str,
+    run_id: str,
+    turn: TurnRequest | TurnResult,
+    seq: int,
+    text: str,
+    tokens: int,
+    status: TurnStatus | None = None,
+) -> Event:
+    """One chunk of a turn on `vllm.streaming.{task_id}`; with `status` the turn's closing chunk."""
+    chunk = TurnChunk(
+        task_id=task_id,
+        run_id=run_id,
+        agent_id=turn.agent_id,
+        kind=turn.kind.value,
+        round=turn.round,
+        target_agent_id=turn.target_agent_id,
+        seq=seq,
+        text=text,
+        tokens=tokens,
+        done=status is not None,
+        status=status.value if status is not None else None,
+    )
+    key = f"vllm.streaming:{turn_key(run_id, turn)}:{seq}"
+    return _envelope(streaming_subject(task_id), key, chunk.model_dump(mode="json"), task_id, None)
 
 
 def outcome_key(run_id: str) -> str:

@@ -24,6 +24,7 @@ DEAD_LETTER_HEADER_CHARS = 256
 MINIMAL_REASON_CHARS = 300
 # Run tags of a deliberation started from planning (the run queue limits runs per TAG_ROLE value).
 TAG_ROLE = "fleet/role"
+TAG_ENGINE = "fleet/engine"  # the engine of the run: the run queue limits runs per engine
 TAG_STORY = "fleet/story_id"
 TAG_PLAN = "fleet/plan_id"
 TAG_CORRELATION = "fleet/correlation_id"

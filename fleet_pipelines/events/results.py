@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 import dagster as dg
 from pydantic import BaseModel, Field
 
-from ..assets import DELIBERATION_JOB, DELIBERATION_PARTITIONS
+from ..assets import DELIBERATION_JOB, DELIBERATION_PARTITIONS, TURN_LOG_PREFIX
 from ..domain.decision import Decision
 from ..history.log import day_of
 from .planning import InvalidEvent, plan_deliberations
@@ -188,6 +188,20 @@ def task_result(
         detail="no run, partition or planning event",
         source="none",
     )
+
+
+def finished_turns(
+    instance: dg.DagsterInstance, run_id: str, cursor: str | None
+) -> tuple[list[str], str | None]:
+    """Run-log lines of the turns that finished in `run_id` after `cursor` (None: from the start),
+    and the cursor to pass next time (`fleet result --follow`)."""
+    connection = instance.get_records_for_run(run_id, cursor=cursor, limit=1_000)
+    lines = [
+        r.event_log_entry.user_message
+        for r in connection.records
+        if r.event_log_entry.user_message.startswith(TURN_LOG_PREFIX)
+    ]
+    return lines, connection.cursor or cursor
 
 
 async def find_task_in_stream(session: NatsSession, task_id: str) -> int | None:

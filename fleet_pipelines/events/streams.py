@@ -34,6 +34,12 @@ COLLECTOR_COMPLETED = "deliberation.completed"
 COLLECTOR_FAILED = "deliberation.failed"
 VLLM_STREAMING = "vllm.streaming"  # .{task_id}: token chunks
 
+
+def streaming_subject(task_id: str) -> str:
+    """Where the token chunks of a deliberation's turns go (stream VLLM_STREAMING, 10 min)."""
+    return f"{VLLM_STREAMING}.{task_id}"
+
+
 # Metadata of the streams we create; a stream without it belongs to someone else.
 OWNER_METADATA = {"managed-by": "fleet_pipelines"}
 

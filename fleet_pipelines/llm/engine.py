@@ -1,32 +1,37 @@
-"""The client of any OpenAI-compatible engine: vLLM, Ray Serve LLM, llama.cpp's server.
+"""The streaming client of any OpenAI-compatible engine: vLLM, Ray Serve LLM, llama.cpp's server.
 
-Transient failures (connection refused or reset, request timeout, 429, 5xx) are retried with
-exponential backoff; a 4xx that is the request's own fault is not. Errors that survive the retries
-are raised as `EngineError` with a `kind` a person can act on.
+Every completion is requested with `stream=True`. There is no total request timeout: a request is
+sent only once the engine has a free slot (see `dispatch.admission`), so what is timed is service,
+and service is judged by two clocks: the first token must come within `first_token_timeout_s` of
+sending, and no gap between tokens may exceed `idle_timeout_s`. A long answer that keeps streaming
+is never cut, except by the deliberation deadline (the caller's). Leaving the stream early
+(cancelled, abandoned, past the deadline) closes the HTTP response, which makes the engine stop
+generating for it.
+
+Retries (tenacity, exponential backoff) are for errors only: connection refused or reset, and 5xx,
+and only while no token has streamed yet. A 429 ("busy") is never retried: admission is what keeps
+requests off a full engine. A stall (first-token or idle timeout) is not retried either: the
+engine has the slot and is not answering. Errors that end a turn are raised as `EngineError` with a
+`kind` a person can act on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import openai
-from tenacity import (
-    RetryError,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-)
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..domain.models import Message
 from .settings import EngineSettings
 
-TRANSIENT_ERRORS = (
-    openai.APIConnectionError,  # includes APITimeoutError
-    openai.RateLimitError,
-    openai.InternalServerError,
-)
+OnText = Callable[[str], None]
+"""Called with each piece of text as it streams in (in order)."""
 
 
 def normalize_base_url(url: str) -> str:
@@ -35,13 +40,25 @@ def normalize_base_url(url: str) -> str:
     return url if url.endswith("/v1") else f"{url}/v1"
 
 
+def llama_cpp_slots(base_url: str, timeout_s: float = 3.0) -> int | None:
+    """The parallel slots of a llama.cpp server (`GET /props` -> total_slots); None for other engines."""
+    url = normalize_base_url(base_url).removesuffix("/v1") + "/props"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            slots = json.load(response).get("total_slots")
+    except (OSError, ValueError):
+        return None
+    return slots if isinstance(slots, int) and slots > 0 else None
+
+
 @dataclass(frozen=True)
 class Completion:
     content: str
     model: str
     tokens_in: int
     tokens_out: int
-    latency_ms: float
+    latency_ms: float  # from sending to the last token (service time)
+    first_token_ms: float
     attempts: int
 
 
@@ -54,25 +71,94 @@ class EngineError(Exception):
         self.attempts = attempts
 
 
+class _Streamed(Exception):
+    """An error after tokens were already streamed: not retried (the text is already out)."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def retryable(exc: BaseException) -> bool:
+    """Connection errors and 5xx, before any token streamed. Never 429 (busy) nor our own timeouts."""
+    if isinstance(exc, openai.APITimeoutError):
+        return False
+    return isinstance(exc, openai.APIConnectionError | openai.InternalServerError)
+
+
+async def next_within(iterator, timeout_s: float, kind: str, attempts: int):
+    """The iterator's next item, or EngineError(kind) when it takes longer than `timeout_s`."""
+    try:
+        return await asyncio.wait_for(anext(iterator), timeout_s)
+    except TimeoutError:
+        raise EngineError(kind, f"no token for {timeout_s:.0f} s ({kind})", attempts) from None
+
+
 class ChatEngine:
+    """Streams chat completions from one OpenAI-compatible server (one connection pool, asyncio)."""
+
     def __init__(self, settings: EngineSettings):
         self.settings = settings
-        self._client = openai.OpenAI(
-            base_url=normalize_base_url(settings.base_url),
-            api_key=settings.api_key.get_secret_value(),
-            timeout=settings.request_timeout_s,
+        s = settings
+        self._client = openai.AsyncOpenAI(
+            base_url=normalize_base_url(s.base_url),
+            api_key=s.api_key.get_secret_value(),
+            # A backstop only: the first-token and idle clocks below are the real ones.
+            timeout=openai.Timeout(
+                connect=s.connect_timeout_s,
+                read=max(s.first_token_timeout_s, s.idle_timeout_s) + 30,
+                write=s.connect_timeout_s,
+                pool=None,
+            ),
             max_retries=0,  # tenacity owns retries, so attempts are counted and reported
         )
 
-    def complete(
+    async def stream(
         self,
         messages: list[Message],
         temperature: float,
         max_tokens: int,
+        stop: list[str] | None = None,
         response_schema: dict | None = None,
+        on_text: OnText | None = None,
     ) -> Completion:
-        """One chat completion; with `response_schema` the engine constrains the reply to that
-        JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM guided decoding)."""
+        """One streamed chat completion; with `response_schema` the engine constrains the reply to
+        that JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM guided decoding)."""
+        s = self.settings
+        attempts = 0
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(retryable),
+            stop=stop_after_attempt(s.max_attempts),
+            wait=wait_exponential(multiplier=s.backoff_initial_s, max=s.backoff_max_s),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    return await self._attempt(
+                        messages, temperature, max_tokens, stop, response_schema, on_text, attempts
+                    )
+        except _Streamed as exc:
+            raise EngineError(
+                type(exc.cause).__name__, f"engine failed mid-stream: {exc.cause}", attempts
+            ) from exc
+        except openai.APIStatusError as exc:
+            retried = f" after {attempts} attempts" if retryable(exc) else ""
+            raise EngineError(
+                type(exc).__name__,
+                f"engine at {s.base_url} failed{retried} ({exc.status_code}): {exc.message}",
+                attempts,
+            ) from exc
+        except openai.APIError as exc:
+            raise EngineError(
+                type(exc).__name__,
+                f"engine at {s.base_url} failed after {attempts} attempts: {exc}",
+                attempts,
+            ) from exc
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _attempt(self, messages, temperature, max_tokens, stop, response_schema, on_text, attempts):
         s = self.settings
         response_format = (
             {
@@ -82,42 +168,59 @@ class ChatEngine:
             if response_schema
             else openai.NOT_GIVEN
         )
-        retrying = Retrying(
-            retry=retry_if_exception_type(TRANSIENT_ERRORS),
-            stop=stop_after_attempt(s.max_attempts),
-            wait=wait_exponential(multiplier=s.backoff_initial_s, max=s.backoff_max_s),
-            reraise=False,
-        )
         start = time.perf_counter()
+        opening = self._client.chat.completions.create(
+            model=s.model,
+            messages=[m.model_dump() for m in messages],
+            temperature=temperature,
+            max_tokens=max_tokens,
+            stop=stop or openai.NOT_GIVEN,
+            response_format=response_format,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         try:
-            for attempt in retrying:
-                with attempt:
-                    response = self._client.chat.completions.create(
-                        model=s.model,
-                        messages=[m.model_dump() for m in messages],
-                        temperature=temperature,
-                        max_tokens=max_tokens,
-                        response_format=response_format,
-                    )
-        except RetryError as exc:
-            last = exc.last_attempt.exception()
+            stream = await asyncio.wait_for(opening, s.first_token_timeout_s)
+        except TimeoutError:
             raise EngineError(
-                type(last).__name__,
-                f"engine at {s.base_url} failed after {s.max_attempts} attempts: {last}",
-                s.max_attempts,
-            ) from last
-        except openai.APIStatusError as exc:
-            raise EngineError(
-                type(exc).__name__, f"engine rejected the request ({exc.status_code}): {exc.message}", 1
-            ) from exc
-        attempts = retrying.statistics.get("attempt_number", 1)
-        choice = response.choices[0]
-        usage = response.usage
+                "FirstTokenTimeout", f"no answer for {s.first_token_timeout_s:.0f} s", attempts
+            ) from None
+        parts: list[str] = []
+        first_token_ms = 0.0
+        model, tokens_in, tokens_out = s.model, 0, 0
+        async with stream:  # leaving the block (error, cancel, deadline) closes the response
+            chunks = aiter(stream)
+            while True:
+                waited = (time.perf_counter() - start) if not parts else 0.0
+                timeout, kind = (
+                    (s.first_token_timeout_s - waited, "FirstTokenTimeout")
+                    if not parts
+                    else (s.idle_timeout_s, "IdleTimeout")
+                )
+                try:
+                    chunk = await next_within(chunks, max(timeout, 0.01), kind, attempts)
+                except StopAsyncIteration:
+                    break
+                except openai.APIError as exc:
+                    if parts:
+                        raise _Streamed(exc) from exc
+                    raise
+                model = chunk.model or model
+                if chunk.usage:
+                    tokens_in, tokens_out = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                text = chunk.choices[0].delta.content if chunk.choices else None
+                if text:
+                    if not parts:
+                        first_token_ms = (time.perf_counter() - start) * 1000
+                    parts.append(text)
+                    if on_text is not None:
+                        on_text(text)
         return Completion(
-            content=choice.message.content or "",
-            model=response.model or s.model,
-            tokens_in=usage.prompt_tokens if usage else 0,
-            tokens_out=usage.completion_tokens if usage else 0,
+            content="".join(parts),
+            model=model,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out or len(parts),
             latency_ms=(time.perf_counter() - start) * 1000,
+            first_token_ms=first_token_ms,
             attempts=attempts,
         )

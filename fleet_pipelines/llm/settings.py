@@ -22,9 +22,26 @@ class EngineSettings(BaseModel):
     )
     model: str = Field(description="Model name sent with each request (vLLM: the served model name).")
     api_key: SecretStr = Field(default=SecretStr("not-needed"), description="Engine API key.")
-    request_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of one HTTP request.")
+    slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests the engine serves at once (llama.cpp --parallel, vLLM max_num_seqs): the "
+        "admission queue sends no more. None: llama.cpp's own /props, else 4.",
+    )
+    connect_timeout_s: float = Field(default=10.0, gt=0, description="Connecting to the engine.")
+    first_token_timeout_s: float = Field(
+        default=180.0,
+        gt=0,
+        description="From sending a turn (it holds a slot) to its first token: prompt processing, which on "
+        "a loaded CPU took over 60 s for three revision prompts at once.",
+    )
+    idle_timeout_s: float = Field(default=60.0, gt=0, description="Longest gap between two tokens of a turn.")
     max_attempts: int = Field(
-        default=3, ge=1, le=10, description="Attempts per turn on transient errors (5xx, 429, refused)."
+        default=3,
+        ge=1,
+        le=10,
+        description="Attempts per turn on engine errors (connection, 5xx) before any token streamed; "
+        "busy (429) is never retried.",
     )
     backoff_initial_s: float = Field(default=0.5, ge=0, description="First retry backoff (exponential).")
     backoff_max_s: float = Field(default=8.0, ge=0, description="Longest retry backoff.")
@@ -50,8 +67,13 @@ class VLLMActorSettings(BaseModel):
     )
     cache_root: str | None = Field(default=None, description="VLLM_CACHE_ROOT of the actor process.")
     namespace: str = Field(default="fleet", description="Ray namespace of the named actor.")
+    max_num_seqs: int = Field(
+        default=128, ge=1, description="Requests vLLM batches at once: the admission queue's capacity."
+    )
     max_concurrency: int = Field(default=256, ge=1, description="Calls the actor accepts at once.")
-    request_timeout_s: float = Field(default=300.0, gt=0, description="Deadline of one generation.")
+    load_timeout_s: float = Field(default=900.0, gt=0, description="Wait for the model to load.")
+    first_token_timeout_s: float = Field(default=180.0, gt=0, description="From sending to the first token.")
+    idle_timeout_s: float = Field(default=60.0, gt=0, description="Longest gap between tokens.")
 
     @property
     def tensor_parallel_size(self) -> int:

@@ -21,13 +21,12 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import RayError
 
 from ..domain.models import Message
-from .engine import Completion, EngineError
+from .engine import Completion, EngineError, OnText, next_within
 from .settings import VLLMActorSettings
 
 
@@ -48,19 +47,23 @@ class VLLMEngineActor:
                 max_model_len=settings.max_model_len,
                 tensor_parallel_size=settings.tensor_parallel_size,
                 gpu_memory_utilization=settings.gpu_memory_utilization,
+                max_num_seqs=settings.max_num_seqs,
             )
         )
         self.tokenizer = self.engine.get_tokenizer()
         self.in_flight = 0
         self.peak_in_flight = 0  # most requests in the engine at once: evidence of batching
 
-    async def complete(
+    async def stream(
         self,
         messages: list[dict[str, str]],
         temperature: float,
         max_tokens: int,
+        stop: list[str] | None = None,
         response_schema: dict | None = None,
-    ) -> dict[str, Any]:
+    ):
+        """One request in the running batch, yielded as text deltas; a final item carries the token
+        counts. Cancelling the call (the admission queue abandons the turn) aborts the request."""
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -68,27 +71,27 @@ class VLLMEngineActor:
         params = SamplingParams(
             temperature=temperature,
             max_tokens=max_tokens,
+            stop=stop or None,
             structured_outputs=StructuredOutputsParams(json=response_schema) if response_schema else None,
         )
-        final = None
+        final, sent = None, 0
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
-            async with asyncio.timeout(self.settings.request_timeout_s):
-                async for output in self.engine.generate(prompt, params, request_id=uuid.uuid4().hex):
-                    final = output
+            async for output in self.engine.generate(prompt, params, request_id=uuid.uuid4().hex):
+                final = output
+                text = output.outputs[0].text
+                if len(text) > sent:
+                    yield {"text": text[sent:]}
+                    sent = len(text)
         finally:
             self.in_flight -= 1
         if final is None:
             raise RuntimeError("vLLM finished a request without any output")
-        return {
-            "content": final.outputs[0].text,
-            "tokens_in": len(final.prompt_token_ids or []),
-            "tokens_out": len(final.outputs[0].token_ids),
-        }
+        yield {"tokens_in": len(final.prompt_token_ids or []), "tokens_out": len(final.outputs[0].token_ids)}
 
     def stats(self) -> dict[str, int]:
-        return {"peak_in_flight": self.peak_in_flight, "pid": os.getpid()}
+        return {"in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight, "pid": os.getpid()}
 
 
 def engine_actor(settings: VLLMActorSettings) -> ray.actor.ActorHandle:
@@ -120,34 +123,69 @@ def stop_engine_actor(settings: VLLMActorSettings) -> bool:
 
 
 class VLLMActorEngine:
-    """The ChatEngine counterpart for the actor backend: same `complete`, same `EngineError`."""
+    """The ChatEngine counterpart for the actor backend: same `stream`, same `EngineError`, same
+    first-token and idle clocks (the model's load, on first use, is waited for before them)."""
 
     def __init__(self, settings: VLLMActorSettings):
         self.settings = settings
         self._actor = engine_actor(settings)
+        self._loaded = False
 
-    def complete(
+    async def stream(
         self,
         messages: list[Message],
         temperature: float,
         max_tokens: int,
+        stop: list[str] | None = None,
         response_schema: dict | None = None,
+        on_text: OnText | None = None,
     ) -> Completion:
-        start = time.perf_counter()
-        ref = self._actor.complete.remote(
-            [m.model_dump() for m in messages], temperature, max_tokens, response_schema
-        )
+        s = self.settings
         try:
-            # The first call waits for the model to load; later ones only for generation.
-            out = ray.get(ref, timeout=self.settings.request_timeout_s * 2)
-        except (RayError, GetTimeoutError) as exc:
+            if not self._loaded:  # the actor's constructor loads the model; any call waits for it
+                await asyncio.wait_for(self._actor.stats.remote(), s.load_timeout_s)
+                self._loaded = True
+            start = time.perf_counter()
+            deltas = self._actor.stream.options(num_returns="streaming").remote(
+                [m.model_dump() for m in messages], temperature, max_tokens, stop, response_schema
+            )
+        except (RayError, TimeoutError) as exc:
+            raise EngineError(type(exc).__name__, f"vLLM engine actor not available: {exc}", 1) from exc
+        parts: list[str] = []
+        first_token_ms, counts, finished = 0.0, {}, False
+        try:
+            while True:
+                timeout, kind = (
+                    (s.first_token_timeout_s, "FirstTokenTimeout")
+                    if not parts
+                    else (s.idle_timeout_s, "IdleTimeout")
+                )
+                try:
+                    ref = await next_within(deltas, timeout, kind, 1)
+                except StopAsyncIteration:
+                    finished = True
+                    break
+                item = await ref
+                if "text" in item:
+                    if not parts:
+                        first_token_ms = (time.perf_counter() - start) * 1000
+                    parts.append(item["text"])
+                    if on_text is not None:
+                        on_text(item["text"])
+                else:
+                    counts = item
+        except RayError as exc:
             raise EngineError(type(exc).__name__, f"vLLM engine actor failed: {exc}", 1) from exc
+        finally:
+            if not finished:
+                ray.cancel(deltas)  # abandoned, cut or failed: abort the request in vLLM
         return Completion(
-            content=out["content"],
-            model=self.settings.served_model_name,
-            tokens_in=out["tokens_in"],
-            tokens_out=out["tokens_out"],
+            content="".join(parts),
+            model=s.served_model_name,
+            tokens_in=counts.get("tokens_in", 0),
+            tokens_out=counts.get("tokens_out", len(parts)),
             latency_ms=(time.perf_counter() - start) * 1000,
+            first_token_ms=first_token_ms,
             attempts=1,
         )
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from ..domain.council import DEFAULT_MAX_TOKENS, CouncilSettings, build_council
+from ..domain.council import CouncilSettings, build_council
 from ..domain.councils import CouncilsFile, CouncilsFileError, EngineEntry, parse_councils
 from ..domain.models import AgentSpec, Task
 from ..domain.scoring import ScoringWeights
@@ -66,7 +66,18 @@ class CouncilResource(dg.ConfigurableResource):
     file, when given, sets them per role."""
 
     temperature: float = Field(default=0.7, description="Baseline temperature; diversity agents use x1.3.")
-    max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, description="Completion token limit of one turn.")
+    propose_max_tokens: int = Field(default=256, description="Token budget of a proposal turn.")
+    critique_max_tokens: int = Field(default=128, description="Token budget of a critique turn.")
+    revise_max_tokens: int = Field(default=256, description="Token budget of a revision turn.")
+    max_tokens: int | None = Field(
+        default=None,
+        description="One limit for proposal, critique and revision turns instead of their budgets "
+        "(FLEET_MAX_TOKENS).",
+    )
+    stop_sequences: list[str] = Field(
+        default_factory=list,
+        description="Stop sequences of every agent turn (the engine ends the reply there).",
+    )
     judge_max_tokens: int = Field(
         default=160,
         description="Completion token limit of a judge turn (a JSON verdict, schema-constrained).",
@@ -96,7 +107,11 @@ class CouncilResource(dg.ConfigurableResource):
     def council_settings(self) -> CouncilSettings:
         return CouncilSettings(
             temperature=self.temperature,
+            propose_max_tokens=self.propose_max_tokens,
+            critique_max_tokens=self.critique_max_tokens,
+            revise_max_tokens=self.revise_max_tokens,
             max_tokens=self.max_tokens,
+            stop=tuple(self.stop_sequences),
             execution_feedback=self.execution_feedback,
         )
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 import dagster as dg
@@ -74,6 +77,36 @@ class NatsResource(dg.ConfigurableResource):
 
         return asyncio.run(main())
 
+    @contextmanager
+    def publisher(self) -> Iterator[NatsPublisher]:
+        """One connection held open for a step (streams ensured), for events published one at a
+        time as turns stream and finish; a fresh connection per message would cost ~5 ms each."""
+        from ..events.bus import connect
+
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="nats-publisher", daemon=True)
+        thread.start()
+
+        async def open_session() -> NatsSession:
+            session = await connect(self.options())
+            try:
+                await session.ensure_streams(replicas=self.stream_replicas)
+            except BaseException:
+                await session.close()
+                raise
+            return session
+
+        try:
+            session = asyncio.run_coroutine_threadsafe(open_session(), loop).result()
+            try:
+                yield NatsPublisher(loop, session, self.request_timeout_s)
+            finally:
+                asyncio.run_coroutine_threadsafe(session.close(), loop).result(self.request_timeout_s)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+
     def ensure_streams(self, dry_run: bool = False) -> list[StreamPlan]:
         """Creates or updates this system's streams (or only plans it); what happens to each."""
         return self.session(
@@ -89,3 +122,33 @@ class NatsResource(dg.ConfigurableResource):
             return [await session.publish(subject, envelope) for subject, envelope in events]
 
         return self.session(work)
+
+
+class NatsPublisher:
+    """Publishes on an open session from synchronous code (the session's loop runs in a thread)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, session: NatsSession, timeout_s: float):
+        self._loop = loop
+        self._session = session
+        self._timeout_s = timeout_s
+        self.dropped = 0  # best-effort messages that were not stored
+
+    def publish(self, events: Sequence[tuple[str, Publishable]]) -> list[tuple[int, bool]]:
+        """Publishes in order and waits for each JetStream ack; raises NatsError."""
+
+        async def work() -> list[tuple[int, bool]]:
+            return [await self._session.publish(subject, envelope) for subject, envelope in events]
+
+        return asyncio.run_coroutine_threadsafe(work(), self._loop).result(
+            self._timeout_s * (len(events) + 1)
+        )
+
+    def publish_nowait(self, subject: str, envelope: Publishable) -> None:
+        """Best effort, in order, without waiting (progress): a failure only counts in `dropped`."""
+
+        def done(future: Future) -> None:
+            if future.exception() is not None:
+                self.dropped += 1
+
+        future = asyncio.run_coroutine_threadsafe(self._session.publish(subject, envelope), self._loop)
+        future.add_done_callback(done)

@@ -6,11 +6,13 @@ misses the deadline is a result too (status failed / timeout), never an exceptio
 hands its turns over as one batch, so an engine that batches (llama.cpp slots, vLLM) sees them
 together.
 
-- `RayTurnRunner`: the stack's runner, the turns on the Ray cluster's worker actors.
+- `RayTurnRunner`: the stack's runner, the turns through the engine's admission queue on the Ray
+  cluster (dispatch/admission.py: slots, earliest deadline first, streaming).
 - Tests plug in a scripted runner (tests/scripted.py), so a whole deliberation runs without an
   engine or Ray.
 
-Admission, streaming and progress belong behind `run_turns`; the assets see only the batch.
+Admission and streaming live behind `run_turns`; the assets see the batch, plus, for live
+progress, `on_chunk` as each turn's text streams and `on_result` as each turn ends.
 """
 
 from abc import ABC, abstractmethod
@@ -22,7 +24,7 @@ from dagster_ray import RayResource
 from pydantic import Field
 
 from ..domain.councils import EngineEntry
-from ..domain.deliberation import TurnRunner
+from ..domain.deliberation import OnChunk, OnResult, TurnRunner
 from ..domain.models import TurnRequest, TurnResult
 from .config import EngineConfig
 
@@ -37,27 +39,46 @@ class TurnRunnerResource(dg.ConfigurableResource, ABC):
 
     @abstractmethod
     def run_turns(
-        self, requests: Sequence[TurnRequest], deadline: float | None, engine: EngineEntry | None = None
+        self,
+        requests: Sequence[TurnRequest],
+        deadline: float | None,
+        engine: EngineEntry | None = None,
+        on_chunk: OnChunk | None = None,
+        on_result: OnResult | None = None,
     ) -> list[TurnResult]:
         """One result per request, in request order. `deadline` is a time.time() after which
         unfinished turns come back as TIMEOUT; None for no deadline. `engine`: the council's own
-        engine (councils file); None for the runner's."""
+        engine (councils file); None for the runner's. `on_chunk(request, seq, text, tokens)` sees
+        each turn's text as it streams, `on_result(result)` each turn as it ends."""
 
-    def runner(self, deadline: float | None, engine: EngineEntry | None = None) -> TurnRunner:
-        """A `TurnRunner` (what the domain's algorithms take) bound to a deadline and an engine."""
-        return partial(self.run_turns, deadline=deadline, engine=engine)
+    def runner(
+        self,
+        deadline: float | None,
+        engine: EngineEntry | None = None,
+        on_chunk: OnChunk | None = None,
+        on_result: OnResult | None = None,
+    ) -> TurnRunner:
+        """A `TurnRunner` (what the domain's algorithms take) bound to a deadline, an engine and
+        progress callbacks."""
+        return partial(
+            self.run_turns, deadline=deadline, engine=engine, on_chunk=on_chunk, on_result=on_result
+        )
 
 
 class RayTurnRunner(TurnRunnerResource):
-    """Turns on the Ray cluster: warm, threaded worker actors calling the engine
-    (dispatch/ray_dispatch.py)."""
+    """Turns on the Ray cluster, through the engine's admission queue actor
+    (dispatch/admission.py, dispatch/ray_dispatch.py)."""
 
     engine: EngineConfig = Field(description="The engine every agent turn calls.")
     ray_cluster: dg.ResourceDependency[RayResource]
     num_cpus_per_turn: float = Field(
-        default=0.05, description="Ray CPUs reserved per worker actor; turns are I/O-bound, so a fraction."
+        default=0.05,
+        description="Ray CPUs reserved by the engine's admission queue actor (and per evaluation task); "
+        "turns are I/O-bound, so a fraction.",
     )
-    max_worker_retries: int = Field(default=3, description="Ray re-runs of a turn whose worker process died.")
+    max_worker_retries: int = Field(
+        default=3, description="Resubmissions of turns lost when the admission queue actor died."
+    )
 
     @property
     def model_name(self) -> str:
@@ -71,7 +92,12 @@ class RayTurnRunner(TurnRunnerResource):
         )
 
     def run_turns(
-        self, requests: Sequence[TurnRequest], deadline: float | None, engine: EngineEntry | None = None
+        self,
+        requests: Sequence[TurnRequest],
+        deadline: float | None,
+        engine: EngineEntry | None = None,
+        on_chunk: OnChunk | None = None,
+        on_result: OnResult | None = None,
     ) -> list[TurnResult]:
         from ..dispatch.ray_dispatch import RayTurnDispatcher
 
@@ -80,4 +106,4 @@ class RayTurnRunner(TurnRunnerResource):
             settings = self.engine.openai.to_model().model_copy(
                 update={"base_url": engine.base_url, "model": engine.model}
             )
-        return RayTurnDispatcher(settings, self.dispatch_settings(), deadline)(requests)
+        return RayTurnDispatcher(settings, self.dispatch_settings(), deadline, on_chunk, on_result)(requests)

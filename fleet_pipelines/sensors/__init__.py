@@ -15,6 +15,6 @@ def build_event_sensors(
     """`settings.planning_start` (FLEET_PLANNING_START): where the planning sensor starts without a
     cursor: `first` (every retained plan, the default) or `end` (only plans published from now on)."""
     return [
-        build_planning_sensor(job, start_at_end=settings.planning_start == "end"),
+        build_planning_sensor(job, settings.engine_id(), start_at_end=settings.planning_start == "end"),
         build_run_failure_sensor(job),
     ]

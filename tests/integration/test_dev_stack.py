@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -60,14 +59,18 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
         )
         assert submitted.returncode == 0, submitted.stderr
         task_id = submitted.stdout.strip()
-        result = subprocess.run(
-            [*fleet, "result", task_id, "--wait", "240", "--json"],
+        followed = subprocess.run(
+            [*fleet, "result", task_id, "--follow", "--wait", "240"],
             env=dev.env,
             capture_output=True,
             text=True,
             timeout=300,
         )
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert json.loads(result.stdout)["status"] == "COMPLETED"
+        assert followed.returncode == 0, followed.stdout + followed.stderr
+        # Each turn as it finished, with its queue wait and service time, then the final status.
+        lines = followed.stdout.splitlines()
+        assert lines[0].startswith("agent-dev-001 propose r0: completed") and " queue " in lines[0]
+        assert any(line.startswith("judge judge r0 -> agent-dev-001: completed") for line in lines)
+        assert f"task {task_id}: COMPLETED" in lines
     for port in dev.ports.values():
         assert not stack.port_open("127.0.0.1", port), f"port {port} still open after Ctrl-C"

@@ -1,9 +1,10 @@
-"""Engine and Ray faults: transient errors retried with backoff, hangs cut by timeouts, a killed
-Ray worker re-run. The engine faults use FakeOpenAIServer (llama.cpp can't 5xx or hang on cue);
-Ray is real."""
+"""Engine and Ray faults: errors retried with backoff, busy never retried, stalls cut by the
+first-token and idle clocks, a killed admission-queue actor re-run. The engine faults use
+FakeOpenAIServer (llama.cpp can't 5xx or hang on cue); Ray is real."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, run_turn
+from fleet_pipelines.dispatch.admission import execute_turn, make_engine
+from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import proposal_requests
 from fleet_pipelines.domain.models import Role, Task, TurnStatus
@@ -30,12 +32,18 @@ def engine(url: str, **overrides) -> EngineSettings:
     fields = {
         "base_url": url,
         "model": "fake",
-        "request_timeout_s": 2.0,
+        "first_token_timeout_s": 2.0,
+        "idle_timeout_s": 2.0,
         "max_attempts": 3,
         "backoff_initial_s": 0.05,
         "backoff_max_s": 0.2,
     }
     return EngineSettings(**{**fields, **overrides})
+
+
+def run_turn(settings: EngineSettings, request=REQUEST):
+    """One turn sent straight to the engine, without Ray or admission."""
+    return asyncio.run(execute_turn(make_engine(settings), request))
 
 
 def test_transient_5xx_is_retried_and_attempts_are_recorded():
@@ -62,10 +70,36 @@ def test_a_request_error_is_not_retried():
     assert result.error_type == "BadRequestError" and len(fake.requests) == 1
 
 
-def test_a_hanging_engine_is_cut_by_the_request_timeout_then_retried():
+def test_busy_429_is_never_retried():
+    with FakeOpenAIServer([Fault(status=429), Fault()]).running() as fake:
+        result = run_turn(engine(fake.base_url), REQUEST)
+    assert result.status is TurnStatus.FAILED and result.error_type == "RateLimitError"
+    assert len(fake.requests) == 1
+
+
+def test_no_first_token_in_time_fails_the_turn_without_a_retry():
     with FakeOpenAIServer([Fault(delay_s=5), Fault()]).running() as fake:
-        result = run_turn(engine(fake.base_url, request_timeout_s=0.5), REQUEST)
-    assert result.status is TurnStatus.COMPLETED and result.attempts == 2
+        result = run_turn(engine(fake.base_url, first_token_timeout_s=0.5), REQUEST)
+    assert result.status is TurnStatus.FAILED and result.error_type == "FirstTokenTimeout"
+    assert len(fake.requests) == 1
+
+
+def test_a_stream_that_stalls_between_tokens_is_cut_by_the_idle_timeout():
+    content = "".join(f"line {i}\n" for i in range(10))
+    with FakeOpenAIServer([Fault(content=content, stall_after=3)]).running() as fake:
+        result = run_turn(engine(fake.base_url, idle_timeout_s=0.5), REQUEST)
+    assert result.status is TurnStatus.FAILED and result.error_type == "IdleTimeout"
+    assert len(fake.requests) == 1
+
+
+def test_a_slow_answer_that_keeps_streaming_is_never_cut():
+    content = "".join(f"line {i}\n" for i in range(6))
+    with FakeOpenAIServer([Fault(content=content, delay_s=1.0)]).running() as fake:
+        # 1 s to the first token, then the stream flows: within both clocks, though the whole
+        # answer takes longer than either.
+        result = run_turn(engine(fake.base_url, first_token_timeout_s=1.5, idle_timeout_s=1.5), REQUEST)
+    assert result.status is TurnStatus.COMPLETED and result.content == content
+    assert result.first_token_ms >= 1000 and result.attempts == 1
 
 
 def test_engine_down_fails_after_retries_with_connection_error():
@@ -80,14 +114,14 @@ def _turn_worker_pids() -> list[int]:
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if (proc / "cmdline").read_bytes().startswith(b"ray::TurnWorker"):
+                if (proc / "cmdline").read_bytes().startswith(b"ray::EngineQueue"):
                     pids.append(int(proc.name))
             except OSError:
                 continue
     return pids
 
 
-def test_killed_ray_worker_is_rerun_and_the_turn_completes(ray_head):
+def test_killed_queue_actor_is_restarted_and_the_turn_rerun(ray_head):
     import ray
 
     ray.init(ignore_reinit_error=True, log_to_driver=False)
@@ -98,7 +132,7 @@ def test_killed_ray_worker_is_rerun_and_the_turn_completes(ray_head):
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not killed:
                 if fake.requests and (pids := _turn_worker_pids()):
-                    for pid in pids:  # every worker actor, so surely the one running the turn
+                    for pid in pids:  # every queue actor, so surely the one running the turn
                         os.kill(pid, signal.SIGKILL)
                     killed.extend(pids)
                 time.sleep(0.05)
@@ -106,13 +140,13 @@ def test_killed_ray_worker_is_rerun_and_the_turn_completes(ray_head):
         killer = threading.Thread(target=kill_worker_mid_turn)
         killer.start()
         dispatcher = RayTurnDispatcher(
-            engine(fake.base_url, request_timeout_s=10), DispatchSettings(), deadline=time.time() + 60
+            engine(fake.base_url, first_token_timeout_s=10), DispatchSettings(), deadline=time.time() + 60
         )
         [result] = dispatcher([REQUEST])
         killer.join()
-    assert killed, "no Ray worker actor was running the turn"
+    assert killed, "no queue actor was running the turn"
     assert result.status is TurnStatus.COMPLETED
-    # The first attempt died with its worker; Ray restarted it and re-ran the turn.
+    # The first attempt died with the actor; Ray restarted it and the turn was submitted again.
     assert len(fake.requests) == 2
 
 
@@ -122,12 +156,15 @@ def test_deadline_cancels_unfinished_turns_as_timeout(ray_head):
     ray.init(ignore_reinit_error=True, log_to_driver=False)
     with FakeOpenAIServer([Fault(delay_s=20)]).running() as fake:
         dispatcher = RayTurnDispatcher(
-            engine(fake.base_url, request_timeout_s=30, max_attempts=1),
-            DispatchSettings(),
+            engine(fake.base_url, first_token_timeout_s=30, max_attempts=1),
+            # A queue of its own: one that learnt a slow pace from an earlier fake on the same port
+            # would (rightly) not send the turn at all.
+            DispatchSettings(capacity=2),
             deadline=time.time() + 2,
         )
         start = time.monotonic()
         [result] = dispatcher([REQUEST])
         waited = time.monotonic() - start
     assert result.status is TurnStatus.TIMEOUT and result.error_type == "Timeout"
+    assert "stream closed" in result.error
     assert waited < 15  # cut at the deadline, not after the engine's 20 s

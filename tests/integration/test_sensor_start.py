@@ -18,7 +18,7 @@ def test_start_at_end_skips_retained_plans_then_runs_new_ones(
 ):
     from tests.integration import test_sensor_planning
 
-    sensor = build_planning_sensor(deliberation_job, start_at_end=True)
+    sensor = build_planning_sensor(deliberation_job, "engine", start_at_end=True)
     monkeypatch.setattr(test_sensor_planning, "SENSOR", sensor)  # `tick` evaluates it like the daemon
     publish_raw(nats_resource, LEGACY)  # retained from before the first start: not run
 

@@ -10,8 +10,10 @@ the reason shown. The GPU path (num_gpus >= 1, CUDA vLLM) is not tested here: no
 
 from __future__ import annotations
 
+import asyncio
+import math
 import sys
-import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import (
     materialize_deliberation,
 )
-from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
+from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
 from fleet_pipelines.domain.models import Message, Role, TurnKind, TurnRequest, TurnStatus
 from fleet_pipelines.llm.engine import ChatEngine, EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME, fetch_model
@@ -110,24 +112,19 @@ class TestOpenAIServer:
         finally:
             service.stop()
 
-    def test_chat_engine_completes_single_and_concurrent_turns(self, vllm_server: str):
-        engine = ChatEngine(EngineSettings(base_url=vllm_server, model=MODEL_NAME))
-        single = engine.complete(PROMPT, temperature=0.0, max_tokens=MAX_TOKENS)
+    def test_chat_engine_streams_single_and_concurrent_turns(self, vllm_server: str):
+        settings = EngineSettings(base_url=vllm_server, model=MODEL_NAME)
+        pieces: list[str] = []
+        single = asyncio.run(ChatEngine(settings).stream(PROMPT, 0.0, MAX_TOKENS, on_text=pieces.append))
         assert single.content.strip() and single.model == MODEL_NAME
         assert 0 < single.tokens_out <= MAX_TOKENS and single.tokens_in > 10
+        assert len(pieces) > 1 and "".join(pieces) == single.content  # streamed, in order
 
-        results = []
-        threads = [
-            threading.Thread(
-                target=lambda: results.append(engine.complete(PROMPT, temperature=0.7, max_tokens=MAX_TOKENS))
-            )
-            for _ in range(3)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert len(results) == 3
+        async def three() -> list:
+            engine = ChatEngine(settings)
+            return await asyncio.gather(*(engine.stream(PROMPT, 0.7, MAX_TOKENS) for _ in range(3)))
+
+        results = asyncio.run(three())
         assert all(r.content.strip() and r.tokens_out > 0 for r in results)
 
     def test_deliberation_on_the_vllm_server(
@@ -198,13 +195,50 @@ class TestRayActor:
             )
             for i in range(3)
         ]
-        results = RayTurnDispatcher(settings, DispatchSettings())(requests)
+        chunks: dict[str, list[str]] = {}
+        results = RayTurnDispatcher(
+            settings,
+            DispatchSettings(),
+            on_chunk=lambda r, seq, text, n: chunks.setdefault(r.task_id, []).append(text),
+        )(requests)
         assert [r.status for r in results] == [TurnStatus.COMPLETED] * 3, [r.error for r in results]
+        # Streamed through the admission queue like the HTTP backend, whose capacity is max_num_seqs.
+        assert all("".join(chunks[r.task_id]) == r.content for r in results)
+        queue_stats = ray.get(engine_queue(settings, DispatchSettings()).stats.remote())
+        assert queue_stats["capacity"] == settings.max_num_seqs and queue_stats["sent"] >= 3
         assert [r.task_id for r in results] == ["deliberation-0", "deliberation-1", "deliberation-2"]
         assert all(r.model == MODEL_NAME and 0 < r.tokens_out <= MAX_TOKENS for r in results)
         # One engine served all three, and they were in flight together (batched, not queued).
         stats = ray.get(engine_actor(settings).stats.remote())
         assert stats["peak_in_flight"] >= 2
+
+    def test_an_abandoned_turn_is_aborted_in_vllm(self, actor_resources: dict):
+        import ray
+
+        settings = actor_resources["turn_runner"].engine.to_model()
+        queue = engine_queue(settings, DispatchSettings())
+        request = TurnRequest(
+            task_id="vllm-abandoned",
+            agent_id="agent-dev-001",
+            role=Role.DEV,
+            kind=TurnKind.PROPOSE,
+            round=0,
+            messages=PROMPT,
+            temperature=0.7,
+            max_tokens=1500,
+        )
+        ray.get(queue.submit.remote([("vllm-abandoned", request, math.inf)]))
+        deadline = time.monotonic() + 120
+        while (
+            not ray.get(queue.poll.remote({"vllm-abandoned": 0}, 1.0)).get("vllm-abandoned", {}).get("chunks")
+        ):
+            assert time.monotonic() < deadline, "the turn streamed nothing"
+        assert ray.get(queue.abandon.remote(["vllm-abandoned"])) == 1
+        actor = engine_actor(settings)
+        deadline = time.monotonic() + 30
+        while ray.get(actor.stats.remote())["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray.get(actor.stats.remote())["in_flight"] == 0  # vLLM no longer generates for it
 
     def test_deliberation_routed_to_the_actor(self, actor_resources: dict, dagster_instance):
         _assert_deliberation_completed(_deliberate(actor_resources, dagster_instance, "vllm-actor-add-1"))

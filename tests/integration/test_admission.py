@@ -1,0 +1,234 @@
+"""Admission and streaming against the real llama.cpp server (3 slots), Ray and Dagster.
+
+The engine is the scarce resource: turns beyond its slots wait in one queue per engine without
+failing, an abandoned turn closes its stream, a turn that cannot make its deadline is never sent,
+and the tokens of each turn reach `vllm.streaming.{task_id}` in order, also through Ray Client.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from fleet_pipelines import stack
+from fleet_pipelines.assets.deliberation import materialize_deliberation
+from fleet_pipelines.dispatch.admission import NOT_STARTED
+from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
+from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.deliberation import proposal_requests
+from fleet_pipelines.domain.models import Role, Task, TurnRequest, TurnStatus
+from fleet_pipelines.events.streams import streaming_subject
+from fleet_pipelines.llm.engine import EngineSettings
+from fleet_pipelines.llm.local_server import MODEL_NAME
+
+pytestmark = pytest.mark.integration
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def proposals(task_id: str, agents: int, max_tokens: int) -> list[TurnRequest]:
+    settings = CouncilSettings(max_tokens=max_tokens)
+    task = Task(
+        task_id=task_id,
+        description="Write merge_intervals(intervals) in Python.",
+        role=Role.DEV,
+        num_agents=agents,
+    )
+    return proposal_requests(task, build_council(Role.DEV, agents, settings), settings)
+
+
+def engine(url: str) -> EngineSettings:
+    return EngineSettings(base_url=url, model=MODEL_NAME, first_token_timeout_s=30, idle_timeout_s=30)
+
+
+def slots_processing(url: str) -> int:
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/slots", timeout=5) as response:
+        return sum(slot["is_processing"] for slot in json.load(response))
+
+
+def wait_for_first_chunk(queue, turn_id: str, timeout_s: float = 60) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ray.get(queue.poll.remote({turn_id: 0}, 1.0)).get(turn_id, {}).get("chunks"):
+            return
+    raise AssertionError(f"{turn_id} streamed nothing in {timeout_s} s")
+
+
+@pytest.fixture
+def connected(ray_head: str) -> None:
+    import ray
+
+    ray.init(ignore_reinit_error=True, log_to_driver=False)
+
+
+def test_more_turns_than_slots_complete_without_a_timeout(llm_server: str, connected):
+    import ray
+
+    requests = [r for i in range(4) for r in proposals(f"slots-{i}", 3, 48)]  # 12 turns, 3 slots
+    settings = DispatchSettings()  # capacity from llama.cpp's /props
+    results = RayTurnDispatcher(engine(llm_server), settings, deadline=time.time() + 600)(requests)
+    assert [r.status for r in results] == [TurnStatus.COMPLETED] * 12, [r.error for r in results]
+    stats = ray.get(engine_queue(engine(llm_server), settings).stats.remote())
+    assert stats["capacity"] == 3 and stats["peak_running"] == 3
+    # Nine turns waited for a slot, each at least as long as the quickest turn took to serve.
+    quickest = min(r.latency_ms for r in results)
+    assert sum(r.queue_ms >= quickest for r in results) >= 9
+
+
+def test_an_abandoned_turn_closes_its_stream(llm_server: str, connected):
+    import ray
+
+    queue = engine_queue(engine(llm_server), DispatchSettings())
+    [request] = proposals("abandoned-1", 1, 3000)
+    ray.get(queue.submit.remote([("abandoned-1", request, math.inf)]))
+    wait_for_first_chunk(queue, "abandoned-1")
+    assert slots_processing(llm_server) == 1
+    assert ray.get(queue.abandon.remote(["abandoned-1"])) == 1
+    deadline = time.monotonic() + 15
+    while slots_processing(llm_server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slots_processing(llm_server) == 0, "the engine still generates for the abandoned turn"
+
+
+def test_a_turn_that_cannot_make_its_deadline_is_timeout_without_being_sent(llm_server: str, connected):
+    import ray
+
+    settings = DispatchSettings(capacity=1)  # one slot, held by a long turn
+    queue = engine_queue(engine(llm_server), settings)
+    [long] = proposals("long-1", 1, 3000)
+    ray.get(queue.submit.remote([("long-1", long, math.inf)]))
+    wait_for_first_chunk(queue, "long-1")
+    try:
+        [result] = RayTurnDispatcher(engine(llm_server), settings, deadline=time.time() + 2)(
+            proposals("short-1", 1, 32)
+        )
+        stats = ray.get(queue.stats.remote())
+    finally:
+        ray.get(queue.abandon.remote(["long-1"]))
+    assert result.status is TurnStatus.TIMEOUT and result.error_type == NOT_STARTED
+    assert result.error.startswith("not sent: no free engine slot before the deadline")
+    assert result.attempts == 0 and result.queue_ms >= 1000
+    assert stats["sent"] == 1 and stats["not_started"] == 1  # only the long turn reached the engine
+
+
+def _streamed_turns(nats_resource, task_id: str) -> dict[tuple, list[dict]]:
+    async def read(session) -> list[dict]:
+        out = []
+        async for message in session.read_after(
+            "VLLM_STREAMING", streaming_subject(task_id), 0, 10_000, time.monotonic() + 10
+        ):
+            out.append(json.loads(message.data)["payload"])
+        return out
+
+    turns: dict[tuple, list[dict]] = {}
+    for chunk in nats_resource.session(read):
+        turns.setdefault((chunk["agent_id"], chunk["kind"], chunk["target_agent_id"]), []).append(chunk)
+    return turns
+
+
+def test_the_streaming_subject_carries_each_turns_tokens_in_order(
+    stack_env: dict, dagster_instance: dg.DagsterInstance, nats_resource
+):
+    task_id = "streamed-1"
+    config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 2, "rounds": 0}
+    result = materialize_deliberation(dagster_instance, stack_env, task_id, config)
+    turns = _streamed_turns(nats_resource, task_id)
+    for row in result.output_for_node("proposals").to_dict("records"):
+        chunks = turns[(row["agent_id"], "propose", None)]
+        assert [c["seq"] for c in chunks] == list(range(len(chunks)))  # stored in order, none lost
+        assert "".join(c["text"] for c in chunks) == row["content"]
+        assert chunks[-1]["done"] and chunks[-1]["status"] == "completed"
+        assert not any(c["done"] for c in chunks[:-1])
+        assert len(chunks) > 2  # chunks, not one message per turn
+    assert {kind for _, kind, _ in turns} == {"propose", "judge"}  # judge turns stream too
+    # The run log has each turn with its queue wait beside its service time.
+    lines = [
+        e.user_message for e in dagster_instance.all_logs(result.run_id) if e.user_message.startswith("turn ")
+    ]
+    assert any(line.startswith("turn agent-dev-001 propose r0: completed") for line in lines)
+    assert all(" queue " in line and " service " in line for line in lines)
+
+
+RUN_SCRIPT = """
+import json, sys
+import dagster as dg, ray
+from fleet_pipelines.assets.deliberation import materialize_deliberation
+from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, engine_queue, queue_name, code_version
+from fleet_pipelines.settings import FleetSettings
+
+task_id = sys.argv[1]
+resources = FleetSettings.from_env().resources()
+config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 3, "rounds": 0}
+with dg.instance_for_test() as instance:
+    result = materialize_deliberation(instance, resources, task_id, config)
+    proposals = result.output_for_node("proposals")
+engine = resources["turn_runner"].engine.to_model()
+ray.init()  # RAY_ADDRESS=ray://...: the run's Ray resource disconnected at its end
+print(json.dumps({
+    "client": ray.util.client.ray.is_connected(),
+    "statuses": list(proposals["status"]),
+    "contents": dict(zip(proposals["agent_id"], proposals["content"])),
+    "queue": queue_name(engine, None, code_version()),
+    "stats": ray.get(engine_queue(engine, DispatchSettings()).stats.remote()),
+}))
+"""
+
+
+def test_runs_through_ray_client_share_one_queue_and_stream_back(
+    llm_server: str, nats_resource, tmp_path: Path
+):
+    """The production path: runs connect with ray:// (as deploy/ configures them) to a head with
+    its client server on, beside a second node; two runs at once share one admission queue."""
+    head_port, client_port = stack.free_port(), stack.free_port()
+    cluster_env = {"PYTHONPATH": str(REPO_ROOT)}  # the cluster runs this checkout, as a pod runs the image
+    head = stack.start_ray_head(
+        tmp_path / "head", head_port, num_cpus=1, client_port=client_port, env=cluster_env
+    )
+    try:
+        node = stack.start_ray_node(tmp_path / "node", f"127.0.0.1:{head_port}", num_cpus=1, env=cluster_env)
+        try:
+            env = {
+                **os.environ,
+                **cluster_env,
+                "RAY_ADDRESS": f"ray://127.0.0.1:{client_port}",
+                "FLEET_LLM_BASE_URL": llm_server,
+                "FLEET_MAX_TOKENS": "48",
+                "FLEET_STORAGE_PATH": str(tmp_path / "storage"),
+            }
+            runs = [
+                subprocess.Popen(
+                    [sys.executable, "-c", RUN_SCRIPT, f"client-run-{i}"],
+                    env=env,
+                    cwd=REPO_ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for i in range(2)
+            ]
+            outputs = [run.communicate(timeout=480) for run in runs]
+        finally:
+            node.stop()
+    finally:
+        head.stop()
+    assert all(run.returncode == 0 for run in runs), [err[-3000:] for _, err in outputs]
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert all(r["client"] for r in reports)
+    assert all(r["statuses"] == ["completed"] * 3 for r in reports)
+    assert reports[0]["queue"] == reports[1]["queue"]  # one queue for the engine, both runs in it
+    last = max(reports, key=lambda r: r["stats"]["sent"])["stats"]
+    assert last["sent"] >= 12 and last["peak_running"] <= 3  # 2 x (3 proposals + 3 judge turns)
+    for i, report in enumerate(reports):  # tokens came back through the client and were published
+        turns = _streamed_turns(nats_resource, f"client-run-{i}")
+        for agent_id, content in report["contents"].items():
+            assert "".join(c["text"] for c in turns[(agent_id, "propose", None)]) == content
