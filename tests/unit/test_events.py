@@ -306,8 +306,8 @@ def test_agent_responses_follow_the_seed_payload_and_have_deterministic_keys():
     ]
     # agent.results.{task_id}: the old workers' payload, unenveloped, without our extra fields.
     worker = json.loads(events[1][1].encoded())
-    # Without our round/kind/target fields, and without fields that are None (no error here).
-    absent = ("round", "kind", "target_agent_id", "error", "error_type")
+    # Without our round/kind/target/queue fields, and without fields that are None (no error here).
+    absent = ("round", "kind", "target_agent_id", "queue_ms", "error", "error_type")
     assert worker == {k: v for k, v in done.items() if k not in absent}
     assert "proposal" not in json.loads(events[3][1].encoded())
 
