@@ -175,31 +175,32 @@ def main() -> None:
         engine_tokens, engine_wall = yardstick(url, args.concurrent, args.agents, args.max_tokens)
         log(f"  {engine_tokens} tokens in {engine_wall:.1f} s; now {args.concurrent} deliberations …")
         product = run_product(dev, args.concurrent, args.agents, args.rounds)
-    engine_rate = engine_tokens / engine_wall
-    product_rate = product["tokens"] / product["wall_s"]
-    summary = {
-        "concurrent": args.concurrent,
-        "agents": args.agents,
-        "rounds": args.rounds,
-        "statuses": product["statuses"],
-        "turns": product["turns"],
-        "failed_turns": product["failed_turns"],
-        "timed_out_turns": product["timed_out_turns"],
-        "goodput_ratio": round(product_rate / engine_rate, 3),
-        "product_tok_s": round(product_rate, 1),
-        "engine_tok_s": round(engine_rate, 1),
-        "wall_s": round(product["wall_s"], 1),
-        "engine_wall_s": round(engine_wall, 1),
-    }
-    if not args.json:
-        print(
-            f"K={args.concurrent}, {args.agents} agents, {args.rounds} round(s): {summary['statuses']}, "
-            f"{product['turns']} turns ({summary['failed_turns']} failed, "
-            f"{summary['timed_out_turns']} timed out); product {product_rate:.1f} tok/s over "
-            f"{product['wall_s']:.0f} s, engine alone {engine_rate:.1f} tok/s over {engine_wall:.0f} s: "
-            f"goodput ratio {summary['goodput_ratio']:.2f}"
-        )
-    print(json.dumps(summary))
+        # Reported before the stack stops: a slow stop on a loaded machine must not lose the figures.
+        engine_rate = engine_tokens / engine_wall
+        product_rate = product["tokens"] / product["wall_s"]
+        summary = {
+            "concurrent": args.concurrent,
+            "agents": args.agents,
+            "rounds": args.rounds,
+            "statuses": product["statuses"],
+            "turns": product["turns"],
+            "failed_turns": product["failed_turns"],
+            "timed_out_turns": product["timed_out_turns"],
+            "goodput_ratio": round(product_rate / engine_rate, 3),
+            "product_tok_s": round(product_rate, 1),
+            "engine_tok_s": round(engine_rate, 1),
+            "wall_s": round(product["wall_s"], 1),
+            "engine_wall_s": round(engine_wall, 1),
+        }
+        if not args.json:
+            print(
+                f"K={args.concurrent}, {args.agents} agents, {args.rounds} round(s): {summary['statuses']}, "
+                f"{product['turns']} turns ({summary['failed_turns']} failed, "
+                f"{summary['timed_out_turns']} timed out); product {product_rate:.1f} tok/s over "
+                f"{product['wall_s']:.0f} s, engine alone {engine_rate:.1f} tok/s over {engine_wall:.0f} s: "
+                f"goodput ratio {summary['goodput_ratio']:.2f}"
+            )
+        print(json.dumps(summary))
 
 
 if __name__ == "__main__":
