@@ -61,7 +61,7 @@ class FleetSettings(BaseModel):
     max_tokens: int | None = Field(
         default=None,
         validation_alias=_env("FLEET_MAX_TOKENS"),
-        description="One limit for every agent turn instead of the per-kind budgets (tests keep turns short).",
+        description="One limit for every agent turn instead of the per-kind budgets (tests use it).",
     )
     engine_slots: int | None = Field(
         default=None,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
 from ..domain.context import StoryContext
+from ..domain.councils import EngineEntry
 from ..domain.decision import Decision, decide, rank
 from ..domain.deliberation import TurnRunner, current_versions, proposal_requests, review_rounds
 from ..domain.models import Task, TurnKind, TurnResult, flat_task_fields, validation_message
