@@ -143,10 +143,10 @@ def test_the_streaming_subject_carries_each_turns_tokens_in_order(
     config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 2, "rounds": 0}
     result = materialize_deliberation(dagster_instance, stack_env, task_id, config)
     turns = _streamed_turns(nats_resource, task_id)
-    for row in result.output_for_node("proposals").to_dict("records"):
-        chunks = turns[(row["agent_id"], "propose", None)]
+    for proposal in result.output_for_node("proposals"):
+        chunks = turns[(proposal.agent_id, "propose", None)]
         assert [c["seq"] for c in chunks] == list(range(len(chunks)))  # stored in order, none lost
-        assert "".join(c["text"] for c in chunks) == row["content"]
+        assert "".join(c["text"] for c in chunks) == proposal.content
         assert chunks[-1]["done"] and chunks[-1]["status"] == "completed"
         assert not any(c["done"] for c in chunks[:-1])
         assert len(chunks) > 2  # chunks, not one message per turn
@@ -176,8 +176,8 @@ engine = resources["turn_runner"].engine.to_model()
 ray.init()  # RAY_ADDRESS=ray://...: the run's Ray resource disconnected at its end
 print(json.dumps({
     "client": ray.util.client.ray.is_connected(),
-    "statuses": list(proposals["status"]),
-    "contents": dict(zip(proposals["agent_id"], proposals["content"])),
+    "statuses": [p.status.value for p in proposals],
+    "contents": {p.agent_id: p.content for p in proposals},
     "queue": queue_name(engine, None, code_version()),
     "stats": ray.get(engine_queue(engine, DispatchSettings()).stats.remote()),
 }))
