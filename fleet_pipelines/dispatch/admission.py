@@ -236,6 +236,9 @@ class EngineQueue:
             turn = self._turns.get(turn_id)
             expected = self._expected_service_s(turn.request.kind) if turn else 0.0
             left = deadline - time.time()
+            if left <= 0:
+                grant.set_result("not sent: no free engine slot before the deadline")
+                continue
             if left < expected:
                 grant.set_result(
                     f"not sent: {left:.0f} s left before the deadline, a {turn.request.kind.value} turn "

@@ -154,17 +154,17 @@ def test_deadline_cancels_unfinished_turns_as_timeout(ray_head):
     import ray
 
     ray.init(ignore_reinit_error=True, log_to_driver=False)
-    with FakeOpenAIServer([Fault(delay_s=20)]).running() as fake:
+    with FakeOpenAIServer([Fault(delay_s=40)]).running() as fake:
         dispatcher = RayTurnDispatcher(
-            engine(fake.base_url, first_token_timeout_s=30, max_attempts=1),
+            engine(fake.base_url, first_token_timeout_s=60, max_attempts=1),
             # A queue of its own: one that learnt a slow pace from an earlier fake on the same port
             # would (rightly) not send the turn at all.
             DispatchSettings(capacity=2),
-            deadline=time.time() + 2,
+            deadline=time.time() + 10,  # room to create the queue actor on a loaded machine
         )
         start = time.monotonic()
         [result] = dispatcher([REQUEST])
         waited = time.monotonic() - start
     assert result.status is TurnStatus.TIMEOUT and result.error_type == "Timeout"
     assert "stream closed" in result.error
-    assert waited < 15  # cut at the deadline, not after the engine's 20 s
+    assert waited < 30  # cut at the deadline, not after the engine's 40 s
