@@ -7,6 +7,7 @@ and with the code (names referenced exist, env names are read, no Secret is appl
 from __future__ import annotations
 
 import copy
+import math
 import re
 import shutil
 import subprocess
@@ -18,11 +19,15 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from fleet_pipelines.domain.models import Task
+
 from .deploy_objects import (
     DAGSTER_DIR,
+    INSTANCE,
     K8S,
     KUBERAY_OPERATOR,
     ROOT,
+    VALUES,
     containers,
     documented_secrets,
     load_all,
@@ -246,3 +251,24 @@ def test_every_yaml_file_of_deploy_has_no_key_twice():
     assert len(files) >= 10
     for path in files:
         load_all(path.read_text())
+
+
+def test_the_engine_capacity_the_admission_queue_uses_is_the_vllm_deployments():
+    """Turns go to FLEET_LLM_BASE_URL (the fleet-vllm Service) only while the engine has a free
+    slot: FLEET_ENGINE_SLOTS must be what the Deployment serves, replicas x --max-num-seqs (an
+    unset value falls back to 4). The run queue lets in slots // council size deliberations."""
+    (config,) = [d for d in of_kind(load_docs(K8S), "ConfigMap") if d["metadata"]["name"] == "fleet-config"]
+    (vllm,) = [d for d in of_kind(load_docs(K8S), "Deployment") if d["metadata"]["name"] == "fleet-vllm"]
+    args = vllm["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--max-num-seqs=$(FLEET_VLLM_MAX_NUM_SEQS)" in args
+    max_num_seqs = int(config["data"]["FLEET_VLLM_MAX_NUM_SEQS"])
+    slots = int(config["data"]["FLEET_ENGINE_SLOTS"])
+    assert slots == vllm["spec"]["replicas"] * max_num_seqs
+    per_engine = max(1, math.floor(slots / Task.model_fields["num_agents"].default))
+    queued = VALUES["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
+    for limits in (
+        queued["tagConcurrencyLimits"],
+        INSTANCE["run_coordinator"]["config"]["tag_concurrency_limits"],
+    ):
+        (engine,) = [limit for limit in limits if limit["key"] == "fleet/engine"]
+        assert engine["limit"] == per_engine and engine["value"] == {"applyLimitPerUniqueValue": True}
