@@ -40,9 +40,13 @@ def list_(path: str | None) -> None:
         engine = loaded.engine(role)
         where = f"{council.engine} ({engine.model} at {engine.base_url})" if engine else "the stack's engine"
         temperatures = ", ".join(f"{a.temperature:g}{'*' if a.diversity else ''}" for a in council.agents)
+        budgets = council.budgets.model_dump(exclude_none=True) if council.budgets else {}
+        tokens = ", ".join(f"{k} {v}" for k, v in budgets.items())
+        if council.max_tokens:
+            tokens = f"max_tokens {council.max_tokens}" + (f" over {tokens}" if tokens else "")
         click.echo(
             f"{role.value:<10} engine {where}; agents [{temperatures or 'default'}]; "
-            f"max_tokens {council.max_tokens or 'default'}"
+            f"budgets {tokens or 'default'}"
         )
 
 

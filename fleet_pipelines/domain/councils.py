@@ -10,7 +10,7 @@ diversity), the engine and model, token budgets, a default rubric and the scorin
         agents:                        # agent i of a council of N takes entry i (cycled)
           - {temperature: 0.2}
           - {temperature: 0.9, diversity: true}
-        max_tokens: 512                # completion limit of a proposal, critique or revision turn
+        budgets: {propose: 512, critique: 192, revise: 512}   # completion limit per turn kind
         judge_max_tokens: 160
         rubric: "Correct, tested, idiomatic."   # when the task gives none
         weights: {tests: 0.5, lint: 0.05}       # the rest keep their defaults
@@ -66,6 +66,16 @@ class AgentProfile(BaseModel):
     )
 
 
+class TurnBudgets(BaseModel):
+    """Completion limits per turn kind (the council settings' `*_max_tokens`); unnamed kinds keep theirs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    propose: int | None = Field(default=None, ge=16, le=32_768, description="A proposal turn.")
+    critique: int | None = Field(default=None, ge=16, le=32_768, description="A critique turn.")
+    revise: int | None = Field(default=None, ge=16, le=32_768, description="A revision turn.")
+
+
 class RoleCouncil(BaseModel):
     """The council of one role."""
 
@@ -77,8 +87,9 @@ class RoleCouncil(BaseModel):
     agents: list[AgentProfile] = Field(
         default_factory=list, max_length=10, description="Agent i takes entry i, cycled."
     )
+    budgets: TurnBudgets | None = Field(default=None, description="Completion limits per turn kind.")
     max_tokens: int | None = Field(
-        default=None, ge=16, le=32_768, description="Completion limit of an agent turn."
+        default=None, ge=16, le=32_768, description="One completion limit for every kind instead of budgets."
     )
     judge_max_tokens: int | None = Field(
         default=None, ge=16, le=4_096, description="Completion limit of a judge turn."
@@ -98,7 +109,11 @@ class RoleCouncil(BaseModel):
         update = (
             {"execution_feedback": self.execution_feedback} if self.execution_feedback is not None else {}
         )
-        if self.max_tokens is not None:
+        if self.budgets is not None:  # the file's budgets apply: only its own max_tokens overrides them
+            given = self.budgets.model_dump(exclude_none=True)
+            update.update({f"{kind}_max_tokens": tokens for kind, tokens in given.items()})
+            update["max_tokens"] = self.max_tokens
+        elif self.max_tokens is not None:
             update["max_tokens"] = self.max_tokens
         return base.model_copy(update=update)
 

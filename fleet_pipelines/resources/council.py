@@ -11,9 +11,11 @@ from pydantic import Field
 
 from ..domain.council import CouncilSettings, build_council
 from ..domain.councils import CouncilsFile, CouncilsFileError, EngineEntry, parse_councils
-from ..domain.models import AgentSpec, Task
+from ..domain.models import AgentSpec, Task, TurnKind
 from ..domain.scoring import ScoringWeights
 from .config import SandboxLimitsConfig, ScoringWeightsConfig
+
+AGENT_TURN_KINDS = (TurnKind.PROPOSE, TurnKind.CRITIQUE, TurnKind.REVISE)
 
 
 def read_councils(path: str) -> CouncilsFile:
@@ -50,7 +52,7 @@ class Convened:
                         {"agent_id": a.agent_id, "temperature": a.temperature, "diversity": a.diversity}
                         for a in self.agents
                     ],
-                    "max_tokens": self.settings.max_tokens,
+                    "budgets": {kind.value: self.settings.budget(kind) for kind in AGENT_TURN_KINDS},
                     "execution_feedback": self.settings.feedback_for(self.task.role),
                     "rubric": self.task.constraints.rubric,
                     "weights": self.weights.model_dump(),

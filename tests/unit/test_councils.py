@@ -29,7 +29,7 @@ councils:
   DEV:
     engine: coder
     agents: [{temperature: 0.1}, {temperature: 1.1, diversity: true}]
-    max_tokens: 200
+    budgets: {propose: 200, critique: 100}
     judge_max_tokens: 64
     rubric: "Pure functions only."
     weights: {tests: 0.9, sections: 0}
@@ -50,6 +50,8 @@ councils:
         ),
         ("version: v\ncouncils: {DEV: {weights: {speed: 1}}}", "councils.DEV.weights.speed"),
         ("version: v\ncouncils: {DEV: {max_tokens: 4}}", "councils.DEV.max_tokens"),
+        ("version: v\ncouncils: {DEV: {budgets: {judge: 64}}}", "councils.DEV.budgets.judge"),
+        ("version: v\ncouncils: {DEV: {budgets: {propose: 8}}}", "councils.DEV.budgets.propose"),
         ("version: v\nengines: {e: {base_url: x}}", "engines.e.model"),
         ("councils: {}", "version"),
         ("version: v\ncouncil: {}", "council"),
@@ -117,7 +119,8 @@ def test_a_run_takes_its_council_from_the_file_and_shows_it(tmp_path: Path, nats
     requests = recorded(log)
     proposals = [r for r in requests if r.kind is TurnKind.PROPOSE]
     assert [r.temperature for r in proposals] == [0.1, 1.1, 0.1]  # profiles cycled over 3 agents
-    assert all(r.max_tokens == 200 for r in requests if r.kind is not TurnKind.JUDGE)
+    budgets = {TurnKind.PROPOSE: 200, TurnKind.CRITIQUE: 100, TurnKind.REVISE: 256}  # revise: default
+    assert all(r.max_tokens == budgets[r.kind] for r in requests if r.kind is not TurnKind.JUDGE)
     assert all(r.max_tokens == 64 for r in requests if r.kind is TurnKind.JUDGE)
     assert "Evaluation rubric: Pure functions only." in proposals[0].messages[0].content
     assert all("checks ran" not in r.messages[-1].content for r in requests if r.kind is TurnKind.REVISE)
@@ -126,6 +129,7 @@ def test_a_run_takes_its_council_from_the_file_and_shows_it(tmp_path: Path, nats
     assert meta.metadata["councils_file_version"].value == "2026-11-26.1"
     council = meta.metadata["council"].value
     assert council["engine"]["model"] == "coder-model" and council["weights"]["tests"] == 0.9
+    assert council["budgets"] == {"propose": 200, "critique": 100, "revise": 256}
 
     qa = run(tmp_path / "qa", nats_server, str(path), {**fields, "role": "QA"}, tmp_path / "qa.jsonl")
     assert {t.model for t in qa.output_for_node("proposals")} == {"tester-model"}
