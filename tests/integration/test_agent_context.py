@@ -14,7 +14,6 @@ from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.assets.story import STORY_DECISIONS, story_context
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.council import CouncilSettings, build_council
-from fleet_pipelines.domain.councils import EngineEntry
 from fleet_pipelines.domain.deliberation import review_rounds
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, TurnResult, TurnStatus
 from fleet_pipelines.llm.engine import EngineSettings
@@ -83,10 +82,10 @@ class RecordingRayTurnRunner(RayTurnRunner):
     record_to: str = Field(description="File each request is appended to.")
 
     def run_turns(
-        self, requests: Sequence[TurnRequest], deadline: float | None, engine: EngineEntry | None = None
+        self, requests: Sequence[TurnRequest], deadline: float | None, *args, **kwargs
     ) -> list[TurnResult]:
         record(self.record_to, requests)
-        return super().run_turns(requests, deadline, engine)
+        return super().run_turns(requests, deadline, *args, **kwargs)
 
 
 def test_a_story_of_two_tasks_carries_the_plans_story_and_the_first_decision_into_the_second(
