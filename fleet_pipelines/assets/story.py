@@ -13,8 +13,8 @@ import dagster as dg
 from ..domain.context import ContextEntry, StoryContext, assemble, decision_text, story_entry
 from ..domain.decision import Decision
 from ..domain.models import Task, TurnResult
-from ..events.bus import NatsError
 from ..events.context import read_context_updates
+from ..events.streams import NatsError
 from ..resources.events import NatsResource
 from .partitions import STORY_GROUP, deliberation_partitions, story_partitions
 from .previews import table

@@ -16,9 +16,8 @@ from .common import EXIT_USAGE, task_fields, task_options
 @click.option("--plan", help="plan id (default: plan-TASK_ID)")
 @click.option("--approved-by", default="fleet-cli", show_default=True)
 def deliberate(story: str, plan: str | None, approved_by: str, **options) -> None:
-    from ..events.bus import NatsError
     from ..events.planning import InvalidEvent, StreamMessage, plan_deliberations, single_task_plan
-    from ..events.streams import PLAN_APPROVED, PLANNING_STREAM
+    from ..events.streams import PLAN_APPROVED, PLANNING_STREAM, NatsError
     from ..settings import FleetSettings
 
     task_id, fields = task_fields(options)

@@ -21,8 +21,7 @@ def nats() -> None:
 )
 @click.option("--dry-run", is_flag=True, help="show what init would do, change nothing")
 def init(dry_run: bool) -> None:
-    from ..events.bus import NatsError
-    from ..events.streams import StreamAction, describe
+    from ..events.streams import NatsError, StreamAction, describe
     from ..settings import FleetSettings
 
     try:
@@ -38,8 +37,8 @@ def init(dry_run: bool) -> None:
 @nats.command(help="List planning messages the sensor rejected, with reasons.")
 @click.option("--json", "as_json", is_flag=True, help="one dead-letter payload per line")
 def rejected(as_json: bool) -> None:
-    from ..events.bus import NatsError
     from ..events.redrive import dead_letters
+    from ..events.streams import NatsError
     from ..settings import FleetSettings
 
     try:
@@ -61,8 +60,8 @@ def rejected(as_json: bool) -> None:
 )
 def redrive(seq: int, fixed: Path | None) -> None:
     """SEQ: its PLANNING_EVENTS sequence (see `fleet nats rejected`)."""
-    from ..events.bus import NatsError
     from ..events.redrive import redrive as redrive_message
+    from ..events.streams import NatsError
     from ..settings import FleetSettings
 
     body = fixed.read_bytes() if fixed else None

@@ -46,7 +46,7 @@ def result(task_id: str, as_json: bool, wait: float, follow: bool) -> None:
     settings = FleetSettings.from_env()
 
     def find_in_stream(task_id: str) -> int | None:
-        from ..events.bus import NatsError  # only when no run knows the task: NATS is not needed before
+        from ..events.streams import NatsError  # only when no run knows the task: NATS is not needed before
 
         try:
             return settings.nats().session(

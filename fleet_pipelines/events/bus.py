@@ -27,16 +27,13 @@ from .streams import (
     OWNER_METADATA,
     STREAMS,
     ExistingStream,
+    NatsError,
     StreamAction,
     StreamPlan,
+    StreamPosition,
     StreamSpec,
     plan_streams,
 )
-
-
-class NatsError(ConnectionError):
-    """NATS could not be reached, stopped answering, or refused a JetStream request."""
-
 
 # What a lost or refusing server raises (nats.errors.Error covers JetStream API errors too).
 _NATS_ERRORS = (OSError, nats.errors.Error)
@@ -241,16 +238,6 @@ class NatsSession:
                 headers=headers,
                 msg_id=msg_id,
             )
-
-
-@dataclass(frozen=True)
-class StreamPosition:
-    """Where a stream stands: its first and last sequence, and when it was created."""
-
-    stream: str
-    first_seq: int
-    last_seq: int
-    created: str
 
 
 def _owned(metadata: dict[str, str] | None) -> bool:

@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import re
 import time
+from typing import TYPE_CHECKING
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from ..domain.context import ContextEntry
-from .bus import NatsSession
 from .streams import CONTEXT_UPDATED
+
+if TYPE_CHECKING:
+    from .bus import NatsSession
 
 MAX_CONTEXT_MESSAGES = 200  # of one story, oldest first (the stream keeps 7 days)
 READ_TIMEOUT_S = 10.0

@@ -11,12 +11,15 @@ import base64
 import hashlib
 import json
 import time
+from typing import TYPE_CHECKING
 
-from .bus import NatsError, NatsSession
 from .models import PlanningRejected
 from .outbound import rejected_event
 from .planning import StreamMessage, minimal_rejection, plan_deliberations, rejection
-from .streams import PLAN_APPROVED, PLANNING_REJECTED, PLANNING_STREAM
+from .streams import PLAN_APPROVED, PLANNING_REJECTED, PLANNING_STREAM, NatsError
+
+if TYPE_CHECKING:
+    from .bus import NatsSession
 
 SCAN_LIMIT = 100_000
 

@@ -9,11 +9,27 @@ stream that would overlap one of theirs is not created and is reported as a conf
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
 DAY_S = 86_400.0
+
+
+class NatsError(ConnectionError):
+    """NATS could not be reached, stopped answering, or refused a JetStream request."""
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """Where a stream stands: its first and last sequence, and when it was created."""
+
+    stream: str
+    first_seq: int
+    last_seq: int
+    created: str
+
 
 PLANNING_STREAM = "PLANNING_EVENTS"
 PLAN_APPROVED = "planning.plan.approved"

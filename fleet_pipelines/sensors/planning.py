@@ -18,15 +18,18 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from ..assets.deliberation import deliberation_partitions, deliberation_run_config
-from ..events.bus import NatsError, NatsSession, StreamPosition
 from ..events.planning import TAG_ENGINE, InvalidEvent, PlannedDeliberation, plan_deliberations
 from ..events.redrive import publish_dead_letter
-from ..events.streams import PLAN_APPROVED
+from ..events.streams import PLAN_APPROVED, NatsError, StreamPosition
 from ..resources.events import NatsResource
+
+if TYPE_CHECKING:
+    from ..events.bus import NatsSession
 
 PLANNING_SENSOR = "planning_sensor"
 MAX_EVENTS_PER_TICK = 250

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from fleet_pipelines import stack
-from fleet_pipelines.events.bus import NatsError
 from fleet_pipelines.events.models import EventEnvelope
-from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_REJECTED, PLANNING_STREAM
+from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_REJECTED, PLANNING_STREAM, NatsError
 from fleet_pipelines.resources.events import NatsResource
 from tests.integration.test_sensor_planning import seq, tick
 

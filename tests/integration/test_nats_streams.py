@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from fleet_pipelines.events.bus import NatsError
 from fleet_pipelines.events.models import EventEnvelope
-from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM, STREAMS, StreamAction
+from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM, STREAMS, NatsError, StreamAction
 from fleet_pipelines.resources.events import NatsResource
 
 pytestmark = pytest.mark.integration

@@ -100,7 +100,7 @@ def test_secrets_stay_out_of_config_logs_and_events(secured_stack: Path, dagster
 
 
 def test_a_wrong_nats_token_is_refused(secured_stack: Path):
-    from fleet_pipelines.events.bus import NatsError
+    from fleet_pipelines.events.streams import NatsError
 
     async def noop(session) -> None:
         await asyncio.sleep(0)

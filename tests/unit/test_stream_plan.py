@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from fleet_pipelines.events.bus import StreamPosition
 from fleet_pipelines.events.streams import (
     STREAMS,
     ExistingStream,
     StreamAction,
+    StreamPosition,
     StreamSpec,
     plan_streams,
     subject_covers,
