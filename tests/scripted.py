@@ -54,18 +54,8 @@ class ScriptedEngine:
             else:
                 text = self.text(r)
                 results.append(
-                    TurnResult(
-                        task_id=r.task_id,
-                        agent_id=r.agent_id,
-                        role=r.role,
-                        kind=r.kind,
-                        round=r.round,
-                        target_agent_id=r.target_agent_id,
-                        status=TurnStatus.COMPLETED,
-                        content=text,
-                        model="scripted",
-                        temperature=r.temperature,
-                        tokens_out=len(text.split()),
+                    TurnResult.for_request(
+                        r, TurnStatus.COMPLETED, content=text, model="scripted", tokens_out=len(text.split())
                     )
                 )
         return results

@@ -92,17 +92,11 @@ async def execute_turn(
             update={"latency_ms": (time.perf_counter() - start) * 1000, "attempts": exc.attempts}
         )
     status = TurnStatus.COMPLETED if completion.content.strip() else TurnStatus.FAILED
-    return TurnResult(
-        task_id=request.task_id,
-        agent_id=request.agent_id,
-        role=request.role,
-        kind=request.kind,
-        round=request.round,
-        target_agent_id=request.target_agent_id,
-        status=status,
+    return TurnResult.for_request(
+        request,
+        status,
         content=completion.content,
         model=completion.model,
-        temperature=request.temperature,
         tokens_in=completion.tokens_in,
         tokens_out=completion.tokens_out,
         latency_ms=completion.latency_ms,

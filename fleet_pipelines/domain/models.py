@@ -257,8 +257,8 @@ class TurnResult(BaseModel):
         return self.status is TurnStatus.COMPLETED and bool(self.content.strip())
 
     @classmethod
-    def unfinished(cls, request: TurnRequest, status: TurnStatus, error: str, error_type: str) -> TurnResult:
-        """A result for a turn that produced no text (engine error, deadline, lost worker)."""
+    def for_request(cls, request: TurnRequest, status: TurnStatus, **fields: Any) -> TurnResult:
+        """The result of `request`: its identity and temperature, with `status` and `fields`."""
         return cls(
             task_id=request.task_id,
             agent_id=request.agent_id,
@@ -266,12 +266,15 @@ class TurnResult(BaseModel):
             kind=request.kind,
             round=request.round,
             target_agent_id=request.target_agent_id,
-            status=status,
             temperature=request.temperature,
-            error=error,
-            error_type=error_type,
-            attempts=0,
+            status=status,
+            **fields,
         )
+
+    @classmethod
+    def unfinished(cls, request: TurnRequest, status: TurnStatus, error: str, error_type: str) -> TurnResult:
+        """A result for a turn that produced no text (engine error, deadline, lost worker)."""
+        return cls.for_request(request, status, error=error, error_type=error_type, attempts=0)
 
 
 def turn_label(turn: TurnRequest | TurnResult) -> str:
