@@ -275,6 +275,10 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
         for service in reversed(services):
             service.stop()
 
+    # Ctrl-C and SIGTERM stop everything even when the parent started us with them ignored (a
+    # background job of a script) or blocked (a mask inherited from a Ray driver's process).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: stop_all())
     try:
         print(f"logs in {log_dir}", flush=True)

@@ -52,10 +52,22 @@ class DispatchSettings:
 
 def engine_queue(engine: AnyEngineSettings, settings: DispatchSettings) -> ray.actor.ActorHandle:
     """The admission queue of `engine` on the connected cluster, created by the first caller."""
+    name = queue_name(engine, settings.capacity, code_version())
+    try:
+        return _create_engine_queue(name, engine, settings)
+    except ValueError:
+        # Through Ray Client, get_if_exists is not atomic: two runs starting at once both try to
+        # create the actor and the loser is told the name is taken. The winner's queue serves both.
+        return ray.get_actor(name, namespace=WORKER_NAMESPACE)
+
+
+def _create_engine_queue(
+    name: str, engine: AnyEngineSettings, settings: DispatchSettings
+) -> ray.actor.ActorHandle:
     return (
         ray.remote(EngineQueue)
         .options(
-            name=queue_name(engine, settings.capacity, code_version()),
+            name=name,
             namespace=WORKER_NAMESPACE,
             lifetime="detached",
             get_if_exists=True,

@@ -71,6 +71,6 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
         lines = followed.stdout.splitlines()
         assert lines[0].startswith("agent-dev-001 propose r0: completed") and " queue " in lines[0]
         assert any(line.startswith("judge judge r0 -> agent-dev-001: completed") for line in lines)
-        assert f"task {task_id}: COMPLETED" in lines
+        assert any(line.startswith(f"task {task_id}: COMPLETED (from ") for line in lines)
     for port in dev.ports.values():
         assert not stack.port_open("127.0.0.1", port), f"port {port} still open after Ctrl-C"

@@ -737,8 +737,12 @@ def test_the_tests_check_never_scores_a_forgery_and_names_the_isolation():
 
 _CALLER = textwrap.dedent(
     """
-    import sys
+    import signal, sys
     from fleet_pipelines.scoring.sandbox import SandboxLimits, run_python
+    # A caller as a shell starts it, whatever mask or ignored signals the test process passes on.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sleeper = [sys.executable, "-c", "import time; time.sleep(300)", sys.argv[1]]
     program = f"import os, sys\\nos.execv(sys.executable, {sleeper!r})"
     run_python(program, SandboxLimits(wall_s=120, cpu_s=60))
