@@ -53,12 +53,18 @@ class DispatchSettings:
 def engine_queue(engine: AnyEngineSettings, settings: DispatchSettings) -> ray.actor.ActorHandle:
     """The admission queue of `engine` on the connected cluster, created by the first caller."""
     name = queue_name(engine, settings.capacity, code_version())
+    queue = _create_engine_queue(name, engine, settings)
     try:
-        return _create_engine_queue(name, engine, settings)
-    except ValueError:
-        # Through Ray Client, get_if_exists is not atomic: two runs starting at once both try to
-        # create the actor and the loser is told the name is taken. The winner's queue serves both.
-        return ray.get_actor(name, namespace=WORKER_NAMESPACE)
+        ray.get(queue.__ray_ready__.remote())
+    except Exception as exc:
+        # Through Ray Client, get_if_exists is not atomic: two runs starting at once both create
+        # the actor and the loser's handle fails on first use, the name being taken. The winner's
+        # queue serves both; any other failure is raised as it came.
+        try:
+            return ray.get_actor(name, namespace=WORKER_NAMESPACE)
+        except ValueError:
+            raise exc from None
+    return queue
 
 
 def _create_engine_queue(
