@@ -17,6 +17,20 @@ EXIT_USAGE = 2
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
+def echo_decision(
+    winner_id: str | None, ranking: list[dict], reasons: list[str], winner_content: str | None
+) -> None:
+    """The human form of a decision: winner, ranking, reasons and the winning proposal."""
+    if winner_id:
+        click.echo(f"winner: {winner_id}")
+    for r in ranking:
+        click.echo(f"  {r['rank']}. {r['agent_id']}  score {r['score']:.3f}")
+    for reason in reasons:
+        click.echo(f"  - {reason}")
+    if winner_content:
+        click.echo(f"\n--- winning proposal ---\n{winner_content}")
+
+
 def dagster_home() -> Path:
     """DAGSTER_HOME, or `.fleet/dagster_home` seeded with the repo's dagster.yaml; exported."""
     from ..settings import FleetSettings

@@ -40,7 +40,7 @@ def result(task_id: str, as_json: bool, wait: float, follow: bool) -> None:
     from ..history.log import read_log
     from ..resources.io import read_stored
     from ..settings import FleetSettings
-    from .common import dagster_home
+    from .common import dagster_home, echo_decision
 
     dagster_home()
     settings = FleetSettings.from_env()
@@ -78,14 +78,7 @@ def result(task_id: str, as_json: bool, wait: float, follow: bool) -> None:
         click.echo(found.model_dump_json(indent=2))
     else:
         click.echo(f"task {found.task_id}: {found.status.value} (from {found.source})\n  {found.detail}")
-        if found.winner_id:
-            click.echo(f"winner: {found.winner_id}")
-        for r in found.ranking:
-            click.echo(f"  {r['rank']}. {r['agent_id']}  score {r['score']:.3f}")
-        for reason in found.reasons:
-            click.echo(f"  - {reason}")
-        if found.winner_content:
-            click.echo(f"\n--- winning proposal ---\n{found.winner_content}")
+        echo_decision(found.winner_id, found.ranking, found.reasons, found.winner_content)
     if (wait or follow) and found.status not in TERMINAL and found.status.value != "NOT_FOUND":
         sys.exit(EXIT_WAIT_EXPIRED)
     sys.exit(EXIT_RESULT[found.status.value])

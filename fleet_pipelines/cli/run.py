@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .common import EXIT_USAGE, task_fields, task_options
+from .common import EXIT_USAGE, echo_decision, task_fields, task_options
 
 SUMMARY_FIELDS = {"status", "winner_id", "ranking", "reasons", "winner_content"}
 
@@ -52,11 +52,7 @@ def run(as_json: bool, **options) -> None:
             json.dumps({**summary, **decision.model_dump(mode="json", include=SUMMARY_FIELDS)}, indent=2)
         )
     else:
-        click.echo(f"status: {decision.status.value}\nwinner: {decision.winner_id}")
-        for r in decision.ranking:
-            click.echo(f"  {r.rank}. {r.agent_id}  score {r.score:.3f}")
-        for reason in decision.reasons:
-            click.echo(f"  - {reason}")
-        if decision.winner_content:
-            click.echo(f"\n--- winning proposal ---\n{decision.winner_content}")
+        click.echo(f"status: {decision.status.value}")
+        ranking = [r.model_dump() for r in decision.ranking]
+        echo_decision(decision.winner_id, ranking, decision.reasons, decision.winner_content)
     sys.exit(0 if decision.status.value in ("COMPLETED", "PARTIAL") else 1)

@@ -750,6 +750,20 @@ _CALLER = textwrap.dedent(
 )
 
 
+def assert_fork_bomb_spares_its_neighbour(box: Box) -> None:
+    """A fork bomb and a program that forks 8 children run at once in `box`: the neighbour's 8
+    children all start and exit cleanly while the bomb is stopped."""
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    neighbour = (
+        "import os, time\ntime.sleep(1)\npids = [os.fork() or os._exit(0) for _ in range(8)]\n"
+        "print(sum(os.waitpid(p, 0)[1] == 0 for p in pids), 'children')\n"
+    )
+    limits = SandboxLimits(wall_s=4, cpu_s=3, max_processes=16)
+    bombing, beside = box.many([python_call(bomb, limits), python_call(neighbour, limits)])
+    assert bombing.status in ("timeout", "failed")
+    assert (beside.status, beside.stdout) == ("passed", "8 children\n"), beside
+
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_the_sandbox_dies_with_its_caller(how: signal.Signals):
     marker = f"fleet-orphan-{uuid.uuid4().hex}"
@@ -818,15 +832,7 @@ def test_without_a_writable_cgroup_rlimits_apply_and_the_evidence_says_so():
     try:
         plain = Box("no cgroup", driver)
         assert "limits: rlimits per process (no writable cgroup)" in plain.isolation
-        bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-        neighbour = (
-            "import os, time\ntime.sleep(1)\npids = [os.fork() or os._exit(0) for _ in range(8)]\n"
-            "print(sum(os.waitpid(p, 0)[1] == 0 for p in pids), 'children')\n"
-        )
-        limits = SandboxLimits(wall_s=4, cpu_s=3, max_processes=16)
-        bombing, beside = plain.many([python_call(bomb, limits), python_call(neighbour, limits)])
-        assert bombing.status in ("timeout", "failed")
-        assert (beside.status, beside.stdout) == ("passed", "8 children\n"), beside
+        assert_fork_bomb_spares_its_neighbour(plain)
         assert plain.python("open('/etc/passwd')").status == "failed"
     finally:
         driver.stdin.close()
@@ -919,15 +925,7 @@ def test_as_root_without_a_cgroup_each_run_has_its_own_uid():
                 time.sleep(0.05)
             running.result()
         assert len(set(uids.values())) == 2 and min(uids.values()) >= sandbox._UID_BASE, uids
-        bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-        neighbour = (
-            "import os, time\ntime.sleep(1)\npids = [os.fork() or os._exit(0) for _ in range(8)]\n"
-            "print(sum(os.waitpid(p, 0)[1] == 0 for p in pids), 'children')\n"
-        )
-        limits = SandboxLimits(wall_s=4, cpu_s=3, max_processes=16)
-        bombing, beside = plain.many([python_call(bomb, limits), python_call(neighbour, limits)])
-        assert bombing.status in ("timeout", "failed")
-        assert (beside.status, beside.stdout) == ("passed", "8 children\n"), beside
+        assert_fork_bomb_spares_its_neighbour(plain)
     finally:
         driver.stdin.close()
         driver.wait(timeout=30)
