@@ -1,6 +1,6 @@
 """Per-sandbox cgroups on a cgroup v2 tree with delegation (as pods have it), laid out in a temp
 dir: this machine's v2 tree has no controllers, so the real v2 files cannot be written here.
-The v1 layout is exercised for real by tests/unit/test_sandbox.py."""
+The v1 layout is exercised for real by tests/integration/test_sandbox_hostile.py."""
 
 from __future__ import annotations
 
