@@ -11,7 +11,13 @@ engine at FLEET_LLM_BASE_URL when that is set. Then:
    sensor and run queue start the runs (its limits are part of what is measured); every turn of
    every run (proposals, critiques, revisions, judge turns) is read back from the run logs;
 3. one JSON object as the last line: {"concurrent", "statuses", "failed_turns", "timed_out_turns",
-   "goodput_ratio" (product tok/s / engine tok/s), "wall_s", "engine_wall_s", ...}.
+   "goodput_ratio" (product tok/s / engine tok/s), "slot_occupancy", "wall_s", "engine_wall_s", ...}.
+
+`slot_occupancy` is the engine's slot-seconds in service (every turn's service time) over its
+capacity x `wall_s`: how busy the product kept the engine. It differs from `goodput_ratio` by
+what a token costs: critiques, revisions and judge turns carry the proposals they read, so on a
+CPU engine their prompts take seconds to process and their tokens come slower than the
+yardstick's short proposal prompts (llama.cpp reports it as time to first token).
 
 `wall_s` runs from publishing the plans to the end of the last run, so the sensor interval, the
 run queue and the runs' process starts count against the product, as a user would see them.
@@ -36,13 +42,14 @@ from pathlib import Path
 import dagster as dg
 
 from fleet_pipelines import stack
+from fleet_pipelines.dispatch.admission import DEFAULT_SLOTS
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import proposal_requests
 from fleet_pipelines.domain.models import Role, Task
 from fleet_pipelines.events.planning import single_task_plan
 from fleet_pipelines.events.results import finished_turns
 from fleet_pipelines.events.streams import PLAN_APPROVED
-from fleet_pipelines.llm.engine import ChatEngine, EngineSettings
+from fleet_pipelines.llm.engine import ChatEngine, EngineSettings, llama_cpp_slots
 from fleet_pipelines.llm.local_server import MODEL_NAME
 from fleet_pipelines.resources.events import NatsResource
 
@@ -51,7 +58,7 @@ DESCRIPTION = (
     "of (start, end) pairs and returns them sorted by start."
 )
 REQUIREMENTS = ["handles empty input", "sorted output"]
-TURN_LINE = re.compile(r": (completed|failed|timeout), (\d+) tokens")
+TURN_LINE = re.compile(r": (completed|failed|timeout), (\d+) tokens, queue [\d.]+ s, service ([\d.]+) s")
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
@@ -126,13 +133,14 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
     ended = max(instance.get_run_record_by_id(r.run_id).end_time for r in runs.values())
     statuses: Counter[str] = Counter()
     turns: Counter[str] = Counter()
-    tokens = 0
+    tokens, service_s = 0, 0.0
     for run in runs.values():
         lines, _ = finished_turns(instance, run.run_id, None)
         for line in lines:
-            status, count = TURN_LINE.search(line).groups()
+            status, count, service = TURN_LINE.search(line).groups()
             turns[status] += 1
             tokens += int(count)
+            service_s += float(service)
         statuses[decision_status(instance, run.run_id)] += 1
     return {
         "statuses": dict(statuses),
@@ -140,6 +148,7 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
         "failed_turns": turns["failed"],
         "timed_out_turns": turns["timeout"],
         "tokens": tokens,
+        "service_s": service_s,
         "wall_s": ended - started,
     }
 
@@ -177,6 +186,7 @@ def main() -> None:
         product = run_product(dev, args.concurrent, args.agents, args.rounds)
         # Reported before the stack stops: a slow stop on a loaded machine must not lose the figures.
         engine_rate = engine_tokens / engine_wall
+        slots = llama_cpp_slots(url) or DEFAULT_SLOTS
         product_rate = product["tokens"] / product["wall_s"]
         summary = {
             "concurrent": args.concurrent,
@@ -187,6 +197,8 @@ def main() -> None:
             "failed_turns": product["failed_turns"],
             "timed_out_turns": product["timed_out_turns"],
             "goodput_ratio": round(product_rate / engine_rate, 3),
+            "slot_occupancy": round(product["service_s"] / (slots * product["wall_s"]), 3),
+            "engine_slots": slots,
             "product_tok_s": round(product_rate, 1),
             "engine_tok_s": round(engine_rate, 1),
             "wall_s": round(product["wall_s"], 1),
@@ -198,7 +210,8 @@ def main() -> None:
                 f"{product['turns']} turns ({summary['failed_turns']} failed, "
                 f"{summary['timed_out_turns']} timed out); product {product_rate:.1f} tok/s over "
                 f"{product['wall_s']:.0f} s, engine alone {engine_rate:.1f} tok/s over {engine_wall:.0f} s: "
-                f"goodput ratio {summary['goodput_ratio']:.2f}"
+                f"goodput ratio {summary['goodput_ratio']:.2f}; {slots} slots busy "
+                f"{summary['slot_occupancy']:.0%} of the time"
             )
         print(json.dumps(summary))
 

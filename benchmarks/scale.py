@@ -96,7 +96,7 @@ class Filler:
         from fleet_pipelines.assets.deliberation import deliberation_assets
         from fleet_pipelines.domain.decision import Decision, RankedProposal
         from fleet_pipelines.domain.models import DeliberationStatus
-        from fleet_pipelines.resources.io import dump_value
+        from fleet_pipelines.history.stored import dump_value
 
         self.instance, self.storage, self.now, self.total = instance, storage, now, total
         self.assets = [a.key for a in deliberation_assets]
@@ -229,7 +229,7 @@ class Filler:
         SQLite run shard is created per run); the last one of the fill goes through the storage
         API so the asset's latest-materialization entries are Dagster's own."""
         from fleet_pipelines.assets.deliberation import deliberation_partitions
-        from fleet_pipelines.resources.io import stored_path
+        from fleet_pipelines.history.stored import stored_path
 
         for batch in range(start, end, PER_DAY):
             ids = [self.task_id(i) for i in range(batch, min(end, batch + PER_DAY))]
@@ -351,8 +351,9 @@ def run_backend(backend: str, sizes: list[int], lookups_only: bool = False) -> d
         from fleet_pipelines.events.streams import PLAN_APPROVED
         from fleet_pipelines.history.log import DECISION_LOG, build_day, day_of, read_log
         from fleet_pipelines.history.retention import expire
+        from fleet_pipelines.history.stored import read_stored
         from fleet_pipelines.resources.events import NatsResource
-        from fleet_pipelines.resources.io import frame_path, read_stored
+        from fleet_pipelines.resources.io import frame_path
 
         port = fleet_stack.free_port()
         nats_server = fleet_stack.start_nats(base / "logs", port, base / "nats")

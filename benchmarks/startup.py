@@ -4,7 +4,8 @@ beside a bare `import dagster` measured in the same run (the floor every Dagster
     .venv/bin/python benchmarks/startup.py [--repeats 7]
 
 `fleet result` runs against an empty Dagster home and an unreachable NATS, so it measures the
-command's own start-up and lookups, not a server.
+command's own start-up and lookups, not a server: DECIDED_TASK is answered from the stored values
+of its run, UNKNOWN_TASK goes through the Dagster instance (and finds nothing).
 """
 
 from __future__ import annotations
@@ -17,23 +18,51 @@ import sys
 import tempfile
 import time
 
+from fleet_pipelines.domain.decision import Decision
+from fleet_pipelines.domain.models import DeliberationStatus, Role, Task
+from fleet_pipelines.history.stored import dump_value, stored_path
+
 CASES = {
     "python -c 'import dagster'": [sys.executable, "-c", "import dagster"],
     "import fleet_pipelines.definitions": [sys.executable, "-c", "import fleet_pipelines.definitions"],
-    "fleet result TASK_ID": [sys.executable, "-m", "fleet_pipelines.cli", "result", "no-such-task"],
+    "fleet result DECIDED_TASK": [sys.executable, "-m", "fleet_pipelines.cli", "result", "decided-task"],
+    "fleet result UNKNOWN_TASK": [sys.executable, "-m", "fleet_pipelines.cli", "result", "no-such-task"],
     "fleet --help": [sys.executable, "-m", "fleet_pipelines.cli", "--help"],
 }
+
+
+def store_decided_task(storage: str) -> None:
+    """A decided task as a run leaves it in storage: its task and its decision, one run id."""
+    task = Task(task_id="decided-task", description="Write add(a, b).", role=Role.DEV, num_agents=2)
+    decision = Decision(
+        status=DeliberationStatus.COMPLETED,
+        winner_id="agent-dev-001",
+        ranking=[],
+        reasons=["2 of 2 agents delivered"],
+        quorum=2,
+        usable_agents=2,
+        failed_agents=[],
+        timed_out_agents=[],
+        winner_content="def add(a, b):\n    return a + b",
+    )
+    for asset, value in (("deliberation_task", task), ("decision", decision)):
+        path = stored_path(storage, asset, task.task_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dump_value(value, "run-1"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
+    root = tempfile.mkdtemp(prefix="fleet-startup-")
     env = {
         **os.environ,
-        "DAGSTER_HOME": tempfile.mkdtemp(prefix="fleet-startup-"),
+        "DAGSTER_HOME": root,
+        "FLEET_STORAGE_PATH": f"{root}/storage",
         "NATS_URL": "nats://127.0.0.1:1",
     }
+    store_decided_task(env["FLEET_STORAGE_PATH"])
     times: dict[str, list[float]] = {name: [] for name in CASES}
     for _ in range(args.repeats):  # interleaved, so load on the machine hits every case alike
         for name, argv in CASES.items():

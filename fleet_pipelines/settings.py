@@ -120,6 +120,14 @@ class FleetSettings(BaseModel):
         validation_alias=_env("FLEET_PLANNING_START"),
         description="Where the planning sensor starts without a cursor: every retained plan, or the end.",
     )
+    planning_wait_s: float = Field(
+        default=3.5,
+        ge=0,
+        le=4.5,
+        validation_alias=_env("FLEET_PLANNING_WAIT_S"),
+        description="How long a planning sensor tick with nothing to read waits for a plan to be "
+        "published (Dagster evaluates sensors every 5 s; 0: read and return).",
+    )
     # Retention: deliberations leave the partition set; the decision log keeps their outcomes
     retention_seconds: float = Field(
         default=DEFAULT_RETENTION_SECONDS,
@@ -185,12 +193,12 @@ class FleetSettings(BaseModel):
     def resources(self) -> dict[str, object]:
         """Every resource of the code location."""
         import dagster as dg
-        from dagster_ray import LocalRay
 
         from .resources.config import EngineConfig, OpenAIEngineConfig, VLLMActorConfig
         from .resources.council import CouncilResource
         from .resources.history import HistoryResource
         from .resources.io import DomainIOManager, ParquetIOManager
+        from .resources.ray_cluster import RayCluster
         from .resources.turns import RayTurnRunner
 
         vllm = None
@@ -223,7 +231,7 @@ class FleetSettings(BaseModel):
             # ray.init(address=None) joins the cluster named by RAY_ADDRESS (`make dev` starts a local
             # head and sets it; KubeRay in production); without it Ray starts a private local instance.
             "ray_cluster": (
-                ray := LocalRay(ray_init_options={"ignore_reinit_error": True, "log_to_driver": False})
+                ray := RayCluster(ray_init_options={"ignore_reinit_error": True, "log_to_driver": False})
             ),
             "turn_runner": RayTurnRunner(engine=engine, ray_cluster=ray),
             "council": CouncilResource(max_tokens=self.max_tokens, councils_file=self.councils_file),

@@ -5,8 +5,15 @@ from __future__ import annotations
 import math
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
+
+from .common import dagster_home, echo_decision
+
+if TYPE_CHECKING:
+    from ..history.task_result import TaskResult
+    from ..settings import FleetSettings
 
 EXIT_RESULT = {
     "COMPLETED": 0,
@@ -34,16 +41,33 @@ EXIT_WAIT_EXPIRED = 4
     help="print each turn as it finishes (queue wait, service time) until a final status (--wait limits it)",
 )
 def result(task_id: str, as_json: bool, wait: float, follow: bool) -> None:
+    from ..history.task_result import TERMINAL, stored_result
+    from ..settings import FleetSettings
+
+    settings = FleetSettings.from_env()
+    found = None if follow else stored_result(settings.storage, task_id)
+    if found is None:  # not decided yet, or by an older run: ask the Dagster instance
+        found = _lookup(task_id, wait, follow, settings)
+    if as_json:
+        click.echo(found.model_dump_json(indent=2))
+    else:
+        click.echo(f"task {found.task_id}: {found.status.value} (from {found.source})\n  {found.detail}")
+        echo_decision(found.winner_id, found.ranking, found.reasons, found.winner_content)
+    if (wait or follow) and found.status not in TERMINAL and found.status.value != "NOT_FOUND":
+        sys.exit(EXIT_WAIT_EXPIRED)
+    sys.exit(EXIT_RESULT[found.status.value])
+
+
+def _lookup(task_id: str, wait: float, follow: bool, settings: FleetSettings) -> TaskResult:
+    """The task's status from the Dagster instance, polled until final with --wait/--follow."""
     import dagster as dg
 
-    from ..events.results import TERMINAL, TaskStatus, find_task_in_stream, finished_turns, task_result
+    from ..events.results import find_task_in_stream, finished_turns, task_result
     from ..history.log import read_log
-    from ..resources.io import read_stored
-    from ..settings import FleetSettings
-    from .common import dagster_home, echo_decision
+    from ..history.stored import read_stored
+    from ..history.task_result import TERMINAL, TaskStatus
 
     dagster_home()
-    settings = FleetSettings.from_env()
 
     def find_in_stream(task_id: str) -> int | None:
         from ..events.streams import NatsError  # only when no run knows the task: NATS is not needed before
@@ -74,11 +98,4 @@ def result(task_id: str, as_json: bool, wait: float, follow: bool) -> None:
         if found.status in TERMINAL or unknown or time.monotonic() >= deadline:
             break
         time.sleep(1)
-    if as_json:
-        click.echo(found.model_dump_json(indent=2))
-    else:
-        click.echo(f"task {found.task_id}: {found.status.value} (from {found.source})\n  {found.detail}")
-        echo_decision(found.winner_id, found.ranking, found.reasons, found.winner_content)
-    if (wait or follow) and found.status not in TERMINAL and found.status.value != "NOT_FOUND":
-        sys.exit(EXIT_WAIT_EXPIRED)
-    sys.exit(EXIT_RESULT[found.status.value])
+    return found

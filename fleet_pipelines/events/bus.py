@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import nats
@@ -201,6 +202,29 @@ class NatsSession:
         except _NATS_ERRORS as exc:
             raise NatsError(f"publishing to {subject}: {_why(exc)}") from exc
         return ack.seq, bool(ack.duplicate)
+
+    @contextlib.asynccontextmanager
+    async def arrivals(self, subject: str) -> AsyncIterator[Callable[[float], Awaitable[bool]]]:
+        """While open, `await arrived(timeout_s)` is True as soon as a message is published on
+        `subject` (core delivery, which JetStream publishes get too), False after `timeout_s`.
+        Open it before reading the stream, so that nothing published after the read is missed."""
+        try:
+            subscription = await self.client.subscribe(subject)
+        except _NATS_ERRORS as exc:
+            raise NatsError(f"subscribing to {subject}: {_why(exc)}") from exc
+
+        async def arrived(timeout_s: float) -> bool:
+            try:
+                await subscription.next_msg(timeout=timeout_s)
+            except nats.errors.TimeoutError:
+                return False
+            return True
+
+        try:
+            yield arrived
+        finally:
+            with contextlib.suppress(*_NATS_ERRORS):
+                await subscription.unsubscribe()
 
     async def read_after(
         self, stream: str, subject: str, after_seq: int, max_messages: int, deadline: float

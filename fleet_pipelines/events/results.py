@@ -15,15 +15,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import dagster as dg
-from pydantic import BaseModel, Field
 
 from ..assets import DELIBERATION_JOB, DELIBERATION_PARTITIONS, TURN_LOG_PREFIX
 from ..domain.decision import Decision
 from ..history.log import day_of
+from ..history.task_result import TaskResult, TaskStatus, from_decision
 from .planning import InvalidEvent, plan_deliberations
 from .streams import PLAN_APPROVED, PLANNING_STREAM
 
@@ -35,37 +34,8 @@ if TYPE_CHECKING:
 PARTITION_TAG = "dagster/partition"
 DECISION = dg.AssetKey("decision")
 STREAM_SCAN_WINDOW = 1_000
-
-
-class TaskStatus(StrEnum):
-    PENDING = "PENDING"
-    IN_PROGRESS = "IN_PROGRESS"
-    COMPLETED = "COMPLETED"
-    PARTIAL = "PARTIAL"
-    FAILED = "FAILED"
-    TIMEOUT = "TIMEOUT"
-    NOT_FOUND = "NOT_FOUND"
-
-
-Source = Literal["live", "decision_log", "planning_stream", "none"]
-TERMINAL = {TaskStatus.COMPLETED, TaskStatus.PARTIAL, TaskStatus.FAILED, TaskStatus.TIMEOUT}
 _WAITING = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING}
 _FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
-
-
-class TaskResult(BaseModel):
-    task_id: str = Field(description="The task (partition key).")
-    status: TaskStatus = Field(description="Where the task stands.")
-    detail: str = Field(description="What the status is based on.")
-    source: Source = Field(
-        description="What answered: the live partition (its runs and stored values), the decision "
-        "log (the partition was removed by retention), the planning stream, or nothing."
-    )
-    run_id: str | None = Field(default=None, description="Latest deliberation run of the task.")
-    winner_id: str | None = Field(default=None, description="Winning agent.")
-    ranking: list[dict] = Field(default_factory=list, description="Agents by score.")
-    reasons: list[str] = Field(default_factory=list, description="Why this status and winner.")
-    winner_content: str | None = Field(default=None, description="The winning proposal.")
 
 
 def _decided_at(instance: dg.DagsterInstance, task_id: str, run_id: str) -> float | None:
@@ -84,20 +54,6 @@ def _materialized(instance: dg.DagsterInstance, run_id: str) -> list[str]:
         for e in events
         if e.dagster_event and e.dagster_event.asset_key
     ]
-
-
-def _from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
-    return TaskResult(
-        task_id=task_id,
-        status=TaskStatus(decision.status.value),
-        detail=f"decision of run {run_id}",
-        source="live",
-        run_id=run_id,
-        winner_id=decision.winner_id,
-        ranking=[r.model_dump() for r in decision.ranking],
-        reasons=decision.reasons,
-        winner_content=decision.winner_content or None,
-    )
 
 
 def _from_log(task_id: str, run_id: str, day: str, table: pd.DataFrame | None) -> TaskResult:
@@ -153,7 +109,7 @@ def task_result(
         decided_at = _decided_at(instance, task_id, run.run_id)
         if decided_at is not None:
             if live:
-                return _from_decision(task_id, run.run_id, load_decision(task_id))
+                return from_decision(task_id, run.run_id, load_decision(task_id))
             day = day_of(decided_at)
             return _from_log(task_id, run.run_id, day, load_log_day(day))
         if run.status in _FAILED:

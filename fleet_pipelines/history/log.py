@@ -17,7 +17,8 @@ import dagster as dg
 
 from ..domain.decision import Decision
 from ..domain.models import Task, TurnResult
-from ..resources.io import read_frame, read_stored, stored_path
+from ..resources.io import read_frame
+from .stored import read_stored, stored_path
 
 if TYPE_CHECKING:  # pandas loads when a table is built or read, not with `fleet result`
     import pandas as pd

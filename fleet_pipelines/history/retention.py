@@ -13,8 +13,8 @@ from collections import Counter
 import dagster as dg
 from pydantic import BaseModel, Field
 
-from ..resources.io import stored_path
 from .log import DECISION, day_of, latest_decision_ids, read_log
+from .stored import stored_path
 
 PAGE = 500
 

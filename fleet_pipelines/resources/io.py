@@ -1,64 +1,22 @@
 """IO managers over a UPath: a local folder in dev, `s3://…` or `gs://…` in production.
 
 - `DomainIOManager` (`io_manager`): asset values that are domain objects, a pydantic model or a
-  list of them, as JSON at `<base_path>/<asset>/<partition>.json`. The file names its model, so
-  a reader needs no Dagster definitions to load it (`fleet result` reads the decision this way).
+  list of them, as JSON at `<base_path>/<asset>/<partition>.json` (history/stored.py). The file
+  names its model and the run that stored it, so a reader needs no Dagster to load it (`fleet
+  result` answers from the stored decision this way).
 - `ParquetIOManager` (`frames_io_manager`): tables (the evaluation), as Parquet.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 from typing import Any
 
 import dagster as dg
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import Field
 from upath import UPath
 
 from ..domain.models import safe_partition_key
-
-
-def _model_name(model: type[BaseModel]) -> str:
-    return f"{model.__module__}:{model.__qualname__}"
-
-
-def _model_class(name: str) -> type[BaseModel]:
-    module, _, qualname = name.partition(":")
-    target: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target
-
-
-def dump_value(value: BaseModel | list[BaseModel]) -> str:
-    """A model or a list of models as self-describing JSON."""
-    many = isinstance(value, list)
-    items = value if many else [value]
-    if not all(isinstance(i, BaseModel) for i in items):
-        raise TypeError(f"expected a pydantic model or a list of them, got {type(value).__name__}")
-    model = type(items[0]) if items else BaseModel
-    if any(type(i) is not model for i in items):
-        raise TypeError(f"a stored list holds one model; got {sorted({type(i).__name__ for i in items})}")
-    data = [i.model_dump(mode="json") for i in items]
-    return json.dumps({"model": _model_name(model), "many": many, "value": data if many else data[0]})
-
-
-def load_value(text: str) -> BaseModel | list[BaseModel]:
-    stored = json.loads(text)
-    model = _model_class(stored["model"])
-    if stored["many"]:
-        return TypeAdapter(list[model]).validate_python(stored["value"])
-    return model.model_validate(stored["value"])
-
-
-def stored_path(base_path: str, asset: str, partition: str) -> UPath:
-    return UPath(base_path) / asset / f"{safe_partition_key(partition)}.json"
-
-
-def read_stored(base_path: str, asset: str, partition: str) -> BaseModel | list[BaseModel]:
-    """An asset partition's value straight from storage, without the code location."""
-    return load_value(stored_path(base_path, asset, partition).read_text())
+from ..history.stored import dump_value, load_value
 
 
 def frame_path(base_path: str, asset: str, partition: str) -> UPath:
@@ -82,7 +40,7 @@ class _DomainUPathIOManager(dg.UPathIOManager):
 
     def dump_to_path(self, context: dg.OutputContext, obj: Any, path: UPath) -> None:
         try:
-            text = dump_value(obj)
+            text = dump_value(obj, context.run_id)
         except TypeError as exc:
             raise TypeError(f"{context.asset_key.to_user_string()}: {exc}") from exc
         path.parent.mkdir(parents=True, exist_ok=True)

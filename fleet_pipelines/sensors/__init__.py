@@ -13,8 +13,14 @@ def build_event_sensors(
     job: dg.UnresolvedAssetJobDefinition, settings: FleetSettings
 ) -> list[dg.SensorDefinition]:
     """`settings.planning_start` (FLEET_PLANNING_START): where the planning sensor starts without a
-    cursor: `first` (every retained plan, the default) or `end` (only plans published from now on)."""
+    cursor: `first` (every retained plan, the default) or `end` (only plans published from now on).
+    `settings.planning_wait_s` (FLEET_PLANNING_WAIT_S): how long a tick waits for a plan."""
     return [
-        build_planning_sensor(job, settings.engine_id(), start_at_end=settings.planning_start == "end"),
+        build_planning_sensor(
+            job,
+            settings.engine_id(),
+            start_at_end=settings.planning_start == "end",
+            wait_s=settings.planning_wait_s,
+        ),
         build_run_failure_sensor(job),
     ]

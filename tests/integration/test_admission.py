@@ -164,6 +164,7 @@ import json, sys
 import dagster as dg, ray
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, engine_queue, queue_name, code_version
+from fleet_pipelines.resources.ray_cluster import connect_ray
 from fleet_pipelines.settings import FleetSettings
 
 task_id = sys.argv[1]
@@ -173,7 +174,7 @@ with dg.instance_for_test() as instance:
     result = materialize_deliberation(instance, resources, task_id, config)
     proposals = result.output_for_node("proposals")
 engine = resources["turn_runner"].engine.to_model()
-ray.init()  # RAY_ADDRESS=ray://...: the run's Ray resource disconnected at its end
+connect_ray(ray.init)  # RAY_ADDRESS=ray://...: the run's Ray resource disconnected at its end
 print(json.dumps({
     "client": ray.util.client.ray.is_connected(),
     "statuses": [p.status.value for p in proposals],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dagster as dg
@@ -88,6 +89,21 @@ def test_legacy_and_enveloped_plans_become_partitions_and_run_requests(dagster_i
     assert architect.run_key == f"b7c1:{architect.partition_key}"
     assert architect.tags["fleet/correlation_id"] == "c9"
     dg.validate_run_config(_job(), dev.run_config)  # the config fits the real job
+
+
+def test_a_tick_with_nothing_to_read_takes_a_plan_published_while_it_waits(dagster_instance, nats_resource):
+    """The registered sensor waits (FLEET_PLANNING_WAIT_S) for a plan instead of returning empty:
+    a plan published during the tick is in that tick's run requests, not the next one's."""
+    publish_raw(nats_resource, LEGACY, msg_id="first")
+    _, cursor, _, _ = tick(dagster_instance, nats_resource, None)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        waiting = pool.submit(tick, dagster_instance, nats_resource, cursor)
+        time.sleep(1.0)  # the tick has read nothing and waits
+        assert not waiting.done()
+        publish_raw(nats_resource, ENVELOPED, msg_id="while-waiting")
+        requests, new_cursor, skip, _ = waiting.result(timeout=30)
+    assert seq(new_cursor) == 2 and skip is None
+    assert {r.run_key.split(":")[0] for r in requests} == {"b7c1"}  # the plan published meanwhile
 
 
 def _job() -> dg.JobDefinition:

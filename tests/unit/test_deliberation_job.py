@@ -7,6 +7,9 @@ The assets, the IO manager, the sandbox, ruff, the checks and NATS events are th
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -23,9 +26,11 @@ from fleet_pipelines.domain.models import DeliberationStatus, TurnKind, TurnResu
 from fleet_pipelines.domain.scoring import ProposalScore
 from fleet_pipelines.events.planning import InvalidEvent, StreamMessage, plan_deliberations
 from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM
+from fleet_pipelines.history.stored import dump_value, read_stored, stored_path
+from fleet_pipelines.history.task_result import stored_result
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
-from fleet_pipelines.resources.io import DomainIOManager, read_stored
+from fleet_pipelines.resources.io import DomainIOManager
 from tests.scripted import ScriptedTurnRunner
 
 ADD = "def add(a, b):\n    return a + b"
@@ -142,3 +147,29 @@ def test_the_ui_shows_the_check_results_each_author_saw_before_revising(tmp_path
 def test_an_unknown_task_field_rejects_the_plan_naming_it():
     with pytest.raises(InvalidEvent, match="tets: Extra inputs are not permitted"):
         planned({"description": "Write add(a, b).", "role": "DEV", "tets": "assert add(1, 2) == 3"})
+
+
+def test_fleet_result_answers_a_decided_task_from_storage_without_dagster(tmp_path: Path, nats_server: str):
+    fields = {"description": "Write add(a, b).", "role": "DEV", "num_agents": 2, "rounds": 0}
+    result = run_job(tmp_path, nats_server, "quick-1", fields, ScriptedTurnRunner(code=ADD))
+    decision: Decision = result.output_for_node("decision")
+    storage = str(tmp_path / "storage")
+    env = {**os.environ, "FLEET_STORAGE_PATH": storage, "DAGSTER_HOME": str(tmp_path / "no-home")}
+    script = (
+        "import sys\nfrom fleet_pipelines.cli import fleet\n"
+        "try:\n    fleet(['result', 'quick-1', '--json'])\n"
+        "except SystemExit as exit:\n"
+        "    print('dagster' in sys.modules, exit.code, file=sys.stderr)\n"
+    )
+    shown = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    answer = json.loads(shown.stdout)
+    assert answer["status"] == "COMPLETED" and answer["run_id"] == result.run_id
+    assert answer["winner_id"] == decision.winner_id and answer["winner_content"] == decision.winner_content
+    assert shown.stderr.split() == ["False", "0"]  # no Dagster loaded, exit code of COMPLETED
+
+    # A newer run of the task has started (it stored the task; its decision is not there yet):
+    # the stored decision is not the answer any more, the Dagster instance is asked.
+    newer = dump_value(read_stored(storage, "deliberation_task", "quick-1"), "a-newer-run")
+    stored_path(storage, "deliberation_task", "quick-1").write_text(newer)
+    assert stored_result(storage, "quick-1") is None
+    assert stored_result(storage, "never-decided") is None

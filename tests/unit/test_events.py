@@ -43,7 +43,7 @@ from fleet_pipelines.events.planning import (
     run_key,
     single_task_plan,
 )
-from fleet_pipelines.resources.io import stored_path
+from fleet_pipelines.history.stored import stored_path
 
 # The two samples of SEED_REFERENCE.md, verbatim.
 LEGACY = b'{"story_id": "US-42", "plan_id": "P-42", "approved_by": "po@example.com", "roles": ["DEV", "QA"], "approved_at": "2026-11-25T10:00:00Z"}'  # noqa: E501

@@ -1,0 +1,50 @@
+"""The `ray_cluster` resource: dagster-ray's LocalRay, with its connection retried.
+
+`ray.init(address=None)` joins the cluster named by RAY_ADDRESS: `make dev`'s local head, or
+`ray://…` (Ray Client) as deploy/ configures runs for KubeRay. Through Ray Client each connection
+gets a server process of its own on the head, started by the head's client proxy; under load that
+start fails now and then (`ConnectionAbortedError: Initialization failure from server`, the new
+server process gone before the proxy could read its command line), as does a connection to a head
+whose client server is not listening yet. A run would fail for it, so the connection is retried
+(`connect_ray`), with backoff; Ray's client disconnects a failed attempt, so each one starts clean.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from dagster_ray import LocalRay
+from pydantic import Field
+from tenacity import Retrying, before_sleep_log, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+T = TypeVar("T")
+CONNECT_ATTEMPTS = 4
+log = logging.getLogger(__name__)
+
+
+def connect_ray(connect: Callable[[], T], attempts: int = CONNECT_ATTEMPTS) -> T:
+    """`connect()` (a `ray.init`), retried on a connection error with 1, 2, 4 … s between tries."""
+    retrying = Retrying(
+        retry=retry_if_exception_type(ConnectionError),
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=1, max=10),
+        before_sleep=before_sleep_log(log, logging.WARNING),
+        reraise=True,
+    )
+    return retrying(connect)
+
+
+class RayCluster(LocalRay):
+    """The Ray cluster the runs' turns go to (RAY_ADDRESS; a private local Ray without it)."""
+
+    connect_attempts: int = Field(
+        default=CONNECT_ATTEMPTS,
+        ge=1,
+        description="Tries to connect before the run fails: Ray Client's per-connection server can "
+        "fail to start on a loaded head.",
+    )
+
+    def connect(self, context: Any) -> Any:
+        return connect_ray(lambda: LocalRay.connect(self, context), self.connect_attempts)
