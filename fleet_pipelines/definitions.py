@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 
 from .assets.decision_log import decision_log, decision_log_job
-from .assets.deliberation import deliberation_assets, deliberation_job
+from .assets.deliberation import build_deliberation_job, deliberation_assets
 from .assets.evaluation import evaluation, evaluation_job
 from .assets.story import story_decisions
 from .schedules.evaluation import build_nightly_evaluation
@@ -14,6 +14,7 @@ from .sensors import build_event_sensors
 from .settings import FleetSettings
 
 settings = FleetSettings.from_env()
+deliberation_job = build_deliberation_job(settings.engine_id())
 
 defs = dg.Definitions(
     assets=[*deliberation_assets, story_decisions, evaluation, decision_log],

@@ -29,7 +29,7 @@ from ..events.outbound import (
     decision_outcome,
     deliberation_outcome_event,
 )
-from ..events.planning import TAG_CAUSATION, TAG_CORRELATION
+from ..events.planning import TAG_CAUSATION, TAG_CORRELATION, TAG_ENGINE
 from ..history.log import OUTCOME, outcome_metadata
 from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
@@ -393,13 +393,19 @@ def winner_passes_checks(decision: Decision, scores: Sequence[ProposalScore]) ->
 
 deliberation_assets = [deliberation_task, story_context, proposals, reviews, scores, decision]
 
-deliberation_job = dg.define_asset_job(
-    DELIBERATION_JOB,
-    selection=dg.AssetSelection.groups(GROUP),
-    partitions_def=deliberation_partitions,
-    executor_def=dg.in_process_executor,  # ~0.1 s per step vs ~1 s per step with a process per step
-    description="One council deliberation: proposals, review rounds, scores and the decision.",
-)
+
+def build_deliberation_job(engine_id: str | None = None) -> "dg.UnresolvedAssetJobDefinition":
+    """The deliberation job; with `engine_id`, each of its runs carries the `fleet/engine` tag,
+    whoever starts it (the planning sensor, the UI's launchpad, `fleet run`), so that the run queue
+    limits running deliberations per engine (dagster.yaml)."""
+    return dg.define_asset_job(
+        DELIBERATION_JOB,
+        selection=dg.AssetSelection.groups(GROUP),
+        partitions_def=deliberation_partitions,
+        executor_def=dg.in_process_executor,  # ~0.1 s per step vs ~1 s per step with a process per step
+        description="One council deliberation: proposals, review rounds, scores and the decision.",
+        run_tags={TAG_ENGINE: engine_id} if engine_id else None,
+    )
 
 
 def materialize_deliberation(

@@ -18,7 +18,6 @@ def build_event_sensors(
     return [
         build_planning_sensor(
             job,
-            settings.engine_id(),
             start_at_end=settings.planning_start == "end",
             wait_s=settings.planning_wait_s,
         ),

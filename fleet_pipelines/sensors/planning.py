@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from ..assets.deliberation import deliberation_partitions, deliberation_run_config
-from ..events.planning import TAG_ENGINE, InvalidEvent, PlannedDeliberation, plan_deliberations
+from ..events.planning import InvalidEvent, PlannedDeliberation, plan_deliberations
 from ..events.redrive import publish_dead_letter
 from ..events.streams import PLAN_APPROVED, NatsError, StreamPosition
 from ..resources.events import NatsResource
@@ -148,23 +148,22 @@ async def _read(session: NatsSession, drained: Drained, max_events: int, deadlin
         drained.cursor = Cursor(seq=message.seq, stream=stream, created=created)
 
 
-def run_requests(planned: list[PlannedDeliberation], engine_id: str) -> list[dg.RunRequest]:
-    """One request per run key, even within a tick; tagged with the engine, so that the run queue
-    starts no more deliberations than the engine serves (dagster.yaml, `fleet/engine`)."""
+def run_requests(planned: list[PlannedDeliberation]) -> list[dg.RunRequest]:
+    """One request per run key, even within a tick. (The job's own run tags add the engine's.)"""
     unique = {p.run_key: p for p in planned}
     return [
         dg.RunRequest(
             run_key=p.run_key,
             partition_key=p.task_id,
             run_config=deliberation_run_config(p.task_config),
-            tags={**p.run_tags(), TAG_ENGINE: engine_id},
+            tags=p.run_tags(),
         )
         for p in unique.values()
     ]
 
 
 def build_planning_sensor(
-    job: dg.UnresolvedAssetJobDefinition, engine_id: str, start_at_end: bool = False, wait_s: float = 0.0
+    job: dg.UnresolvedAssetJobDefinition, start_at_end: bool = False, wait_s: float = 0.0
 ) -> dg.SensorDefinition:
     """`start_at_end`: with no cursor yet, skip the plans already in the stream (a stream shared
     with the system we replace holds up to 30 days of plans it already deliberated on).
@@ -200,7 +199,7 @@ def build_planning_sensor(
             context.log.warning(f"stopped after seq {drained.cursor.seq}: {drained.error}")
         if drained.cursor == cursor:
             return dg.SkipReason(drained.error or f"no {PLAN_APPROVED} after seq {at}")
-        requests = run_requests(drained.planned, engine_id)
+        requests = run_requests(drained.planned)
         partitions = list(dict.fromkeys(r.partition_key for r in requests))
         if requests:
             skip = None

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import dagster as dg
 import pytest
@@ -45,6 +46,9 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
                 break
             time.sleep(2)
         assert status == dg.DagsterRunStatus.SUCCESS
+        # The launchpad's run carries the engine tag too: the run queue counts it against its engine.
+        engine = urlparse(dev.env["FLEET_LLM_BASE_URL"]).netloc
+        assert instance.get_run_by_id(run_id).tags["fleet/engine"] == engine
         event = instance.get_latest_materialization_event(dg.AssetKey("proposals"))
         assert "agent-dev-002" in event.asset_materialization.metadata["preview"].value
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_pipelines.assets.deliberation import deliberation_job
+from fleet_pipelines.assets.deliberation import build_deliberation_job
 from fleet_pipelines.sensors.planning import build_planning_sensor
 from fleet_pipelines.settings import FleetSettings
 from tests.integration.test_sensor_planning import publish_raw, seq, tick
@@ -18,7 +18,7 @@ def test_start_at_end_skips_retained_plans_then_runs_new_ones(
 ):
     from tests.integration import test_sensor_planning
 
-    sensor = build_planning_sensor(deliberation_job, "engine", start_at_end=True)
+    sensor = build_planning_sensor(build_deliberation_job(), start_at_end=True)
     monkeypatch.setattr(test_sensor_planning, "SENSOR", sensor)  # `tick` evaluates it like the daemon
     publish_raw(nats_resource, LEGACY)  # retained from before the first start: not run
 

@@ -10,7 +10,12 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from fleet_pipelines.assets.deliberation import deliberation_assets, deliberation_job, deliberation_run_config
+from fleet_pipelines.assets import DELIBERATION_JOB
+from fleet_pipelines.assets.deliberation import (
+    build_deliberation_job,
+    deliberation_assets,
+    deliberation_run_config,
+)
 from fleet_pipelines.assets.partitions import deliberation_partitions
 from fleet_pipelines.cli import fleet
 from fleet_pipelines.domain.councils import CouncilsFileError, parse_councils
@@ -91,7 +96,7 @@ def test_fleet_councils_list_show_validate(tmp_path: Path):
 def run(tmp_path: Path, nats_url: str, councils_file: str, fields: dict, log: Path):
     defs = dg.Definitions(
         assets=deliberation_assets,
-        jobs=[deliberation_job],
+        jobs=[build_deliberation_job()],
         resources={
             "turn_runner": ScriptedTurnRunner(code="def f(x):\n    return x", record_to=str(log)),
             "council": CouncilResource(councils_file=councils_file),
@@ -102,7 +107,7 @@ def run(tmp_path: Path, nats_url: str, councils_file: str, fields: dict, log: Pa
     (tmp_path / "home").mkdir(parents=True, exist_ok=True)
     with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
         instance.add_dynamic_partitions(deliberation_partitions.name, ["c-1"])
-        return defs.resolve_job_def(deliberation_job.name).execute_in_process(
+        return defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
             run_config=deliberation_run_config(fields),
             instance=instance,
             partition_key="c-1",

@@ -15,9 +15,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from fleet_pipelines.assets import DELIBERATION_JOB
 from fleet_pipelines.assets.deliberation import (
+    build_deliberation_job,
     deliberation_assets,
-    deliberation_job,
     deliberation_partitions,
     deliberation_run_config,
 )
@@ -39,7 +40,7 @@ ADD = "def add(a, b):\n    return a + b"
 def run_job(tmp_path: Path, nats_url: str, task_id: str, task_fields: dict, runner: ScriptedTurnRunner):
     defs = dg.Definitions(
         assets=deliberation_assets,
-        jobs=[deliberation_job],
+        jobs=[build_deliberation_job()],
         resources={
             "turn_runner": runner,
             "council": CouncilResource(),
@@ -50,7 +51,7 @@ def run_job(tmp_path: Path, nats_url: str, task_id: str, task_fields: dict, runn
     (tmp_path / "home").mkdir(parents=True)
     with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
         instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-        return defs.resolve_job_def(deliberation_job.name).execute_in_process(
+        return defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
             run_config=deliberation_run_config(task_fields), instance=instance, partition_key=task_id
         )
 
@@ -173,3 +174,12 @@ def test_fleet_result_answers_a_decided_task_from_storage_without_dagster(tmp_pa
     stored_path(storage, "deliberation_task", "quick-1").write_text(newer)
     assert stored_result(storage, "quick-1") is None
     assert stored_result(storage, "never-decided") is None
+
+
+def test_every_run_of_the_registered_job_carries_its_engine_tag():
+    """Runs started by the sensor, the launchpad or `fleet run` alike: the run queue limits them
+    per engine (dagster.yaml's `fleet/engine` limit)."""
+    from fleet_pipelines.definitions import defs, settings
+
+    job = defs.resolve_job_def(DELIBERATION_JOB)
+    assert job.run_tags["fleet/engine"] == settings.engine_id()

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from fleet_pipelines.assets.deliberation import deliberation_assets, deliberation_job, deliberation_run_config
+from fleet_pipelines.assets import DELIBERATION_JOB
+from fleet_pipelines.assets.deliberation import (
+    build_deliberation_job,
+    deliberation_assets,
+    deliberation_run_config,
+)
 from fleet_pipelines.assets.partitions import deliberation_partitions
 from fleet_pipelines.assets.story import STORY_DECISIONS, story_decisions
 from fleet_pipelines.domain.context import ContextEntry, assemble
@@ -96,7 +101,7 @@ def test_a_plans_story_fields_travel_to_every_task_and_not_from_a_task():
 def run(instance, tmp_path: Path, nats_url: str, task_id: str, fields: dict, log: Path):
     defs = dg.Definitions(
         assets=[*deliberation_assets, story_decisions],
-        jobs=[deliberation_job],
+        jobs=[build_deliberation_job()],
         resources={
             "turn_runner": ScriptedTurnRunner(code=ADD, record_to=str(log)),
             "council": CouncilResource(),
@@ -105,7 +110,7 @@ def run(instance, tmp_path: Path, nats_url: str, task_id: str, fields: dict, log
         },
     )
     instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    result = defs.resolve_job_def(deliberation_job.name).execute_in_process(
+    result = defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
         run_config=deliberation_run_config(fields), instance=instance, partition_key=task_id
     )
     assert result.success
