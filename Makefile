@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)-$(subst $
 VLLM_VENV ?= .venv-vllm
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm model dev test test-ray-client test-unit test-vllm lint format bench clean
+.PHONY: install install-vllm model dev test test-unit test-vllm lint format bench clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 needed"'
@@ -35,12 +35,7 @@ dev: model
 	$(VENV)/bin/fleet dev $(DEV_ARGS)
 
 test: model
-	$(PY) -m pytest -q -m "not ray_client" $(PYTEST_ARGS)
-
-# The ray:// production path (client server + a second node, two runs sharing one queue). Kept out
-# of `make test`: on a loaded 2-core machine Ray's client server start-up fails about one run in four.
-test-ray-client: model
-	$(PY) -m pytest -q -m ray_client tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit

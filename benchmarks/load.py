@@ -17,7 +17,8 @@ engine at FLEET_LLM_BASE_URL when that is set. Then:
 capacity x `wall_s`: how busy the product kept the engine. It differs from `goodput_ratio` by
 what a token costs: critiques, revisions and judge turns carry the proposals they read, so on a
 CPU engine their prompts take seconds to process and their tokens come slower than the
-yardstick's short proposal prompts (llama.cpp reports it as time to first token).
+yardstick's short proposal prompts (llama.cpp reports it as time to first token):
+`slot_tok_s_by_kind` is each kind's tokens over its service seconds.
 
 `wall_s` runs from publishing the plans to the end of the last run, so the sensor interval, the
 run queue and the runs' process starts count against the product, as a user would see them.
@@ -58,7 +59,9 @@ DESCRIPTION = (
     "of (start, end) pairs and returns them sorted by start."
 )
 REQUIREMENTS = ["handles empty input", "sorted output"]
-TURN_LINE = re.compile(r": (completed|failed|timeout), (\d+) tokens, queue [\d.]+ s, service ([\d.]+) s")
+TURN_LINE = re.compile(
+    r"^turn \S+ (\w+) .*: (completed|failed|timeout), (\d+) tokens, queue [\d.]+ s, service ([\d.]+) s"
+)
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
@@ -110,7 +113,7 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
                     "rounds": rounds,
                     "requirements": REQUIREMENTS,
                 },
-                story_id="load",
+                story_id=task_id,  # independent stories: no earlier decision in the prompt
                 plan_id=f"plan-{task_id}",
                 approved_by="benchmark",
                 idempotency_key=task_id,
@@ -134,10 +137,14 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
     statuses: Counter[str] = Counter()
     turns: Counter[str] = Counter()
     tokens, service_s = 0, 0.0
+    by_kind: dict[str, list[float]] = {}  # kind -> [tokens, service seconds]
     for run in runs.values():
         lines, _ = finished_turns(instance, run.run_id, None)
         for line in lines:
-            status, count, service = TURN_LINE.search(line).groups()
+            kind, status, count, service = TURN_LINE.search(line).groups()
+            by_kind.setdefault(kind, [0, 0.0])
+            by_kind[kind][0] += int(count)
+            by_kind[kind][1] += float(service)
             turns[status] += 1
             tokens += int(count)
             service_s += float(service)
@@ -149,6 +156,7 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
         "timed_out_turns": turns["timeout"],
         "tokens": tokens,
         "service_s": service_s,
+        "slot_tok_s": {kind: round(n / s, 1) for kind, (n, s) in by_kind.items() if s},
         "wall_s": ended - started,
     }
 
@@ -199,6 +207,7 @@ def main() -> None:
             "goodput_ratio": round(product_rate / engine_rate, 3),
             "slot_occupancy": round(product["service_s"] / (slots * product["wall_s"]), 3),
             "engine_slots": slots,
+            "slot_tok_s_by_kind": product["slot_tok_s"],
             "product_tok_s": round(product_rate, 1),
             "engine_tok_s": round(engine_rate, 1),
             "wall_s": round(product["wall_s"], 1),
