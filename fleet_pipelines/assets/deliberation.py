@@ -404,7 +404,7 @@ def build_deliberation_job(engine_id: str | None = None) -> "dg.UnresolvedAssetJ
         partitions_def=deliberation_partitions,
         executor_def=dg.in_process_executor,  # ~0.1 s per step vs ~1 s per step with a process per step
         description="One council deliberation: proposals, review rounds, scores and the decision.",
-        run_tags={TAG_ENGINE: engine_id} if engine_id else None,
+        tags={TAG_ENGINE: engine_id} if engine_id else None,  # job tags are run tags too (UI, GraphQL)
     )
 
 

@@ -99,7 +99,7 @@ def test_no_generated_message_lets_an_exception_out_of_the_sensor(session):
         planned = sorted({p.stream_seq for p in drained.planned})
         assert sorted(rejected + planned) == seqs
         assert all(reason.strip() for _, reason in drained.rejected)
-        run_requests(drained.planned, "engine")  # what the sensor hands to Dagster builds for every plan
+        run_requests(drained.planned)  # what the sensor hands to Dagster builds for every plan
         state["cursor"] = drained.cursor
 
     @settings(

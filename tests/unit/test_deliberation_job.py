@@ -182,4 +182,5 @@ def test_every_run_of_the_registered_job_carries_its_engine_tag():
     from fleet_pipelines.definitions import defs, settings
 
     job = defs.resolve_job_def(DELIBERATION_JOB)
-    assert job.run_tags["fleet/engine"] == settings.engine_id()
+    # Both: the daemon tags sensor runs with the job's run tags, GraphQL launches with its tags.
+    assert job.run_tags["fleet/engine"] == job.tags["fleet/engine"] == settings.engine_id()
