@@ -101,23 +101,19 @@ def test_daemon_down_then_back_and_replays_start_no_second_run(nats_resource: Na
         assert len(keys) == 6 == len(set(keys))
         assert set(first) < set(keys)
 
-        # An operator resets the cursor: the sensor re-reads the stream from the start.
+        # An operator resets the cursor: the sensor re-reads the stream from the start. As the README
+        # says, with the sensor stopped: a tick in flight (it waits up to 3.5 s for plans) writes
+        # back the cursor it began with.
+        def sensor_cli(*args: str) -> None:
+            dagster = str(Path(sys.executable).with_name("dagster"))
+            command = [dagster, "sensor", *args, PLANNING_SENSOR, "-w", str(REPO / "workspace.yaml")]
+            subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
+
+        sensor_cli("stop")
+        time.sleep(6)  # the tick in flight, if any, has ended
         reset_at = time.time()
-        subprocess.run(
-            [
-                str(Path(sys.executable).with_name("dagster")),
-                "sensor",
-                "cursor",
-                PLANNING_SENSOR,
-                "--delete",
-                "-w",
-                str(REPO / "workspace.yaml"),
-            ],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        sensor_cli("cursor", "--delete")
+        sensor_cli("start")
         time.sleep(15)  # at least two ticks after the reset
     finally:
         daemon.stop()
