@@ -416,12 +416,18 @@ def materialize_deliberation(
     raise_on_error: bool = True,
 ) -> dg.ExecuteInProcessResult:
     """Adds the partition and runs one deliberation in this process (tests, benchmarks, notebooks)."""
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
     instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    return dg.materialize(
-        deliberation_assets,
-        resources=resources,
-        instance=instance,
-        partition_key=task_id,
-        run_config=deliberation_run_config(task_fields),
-        raise_on_error=raise_on_error,
-    )
+    # Dagster loads the definitions against the defs-state storage of the current context; one
+    # left there by an instance since collected fails the load ("Attempted to resolve undefined
+    # DagsterInstance weakref", seen in a long test session), so this run's instance is named.
+    with set_defs_state_storage(instance.defs_state_storage):
+        return dg.materialize(
+            deliberation_assets,
+            resources=resources,
+            instance=instance,
+            partition_key=task_id,
+            run_config=deliberation_run_config(task_fields),
+            raise_on_error=raise_on_error,
+        )
