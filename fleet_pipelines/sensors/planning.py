@@ -123,9 +123,12 @@ async def drain(
     )
     deadline = time.monotonic() + max_seconds
     try:
+        if wait_s <= 0:
+            await _read(session, drained, max_events, deadline)
+            return drained
         async with session.arrivals(PLAN_APPROVED) as arrived:
             await _read(session, drained, max_events, deadline)
-            if wait_s > 0 and drained.cursor.seq == after and await arrived(wait_s):
+            if drained.cursor.seq == after and await arrived(wait_s):
                 # The stream stores a plan a moment after subscribers see it; a planner publishing
                 # several plans at once has them read in this tick.
                 settle = time.monotonic() + ARRIVAL_SETTLE_S
