@@ -94,7 +94,9 @@ def test_a_run_that_never_starts_is_failed_and_the_queue_moves_on(tmp_path: Path
     (tmp_path / "monitored.py").write_text(CODE_LOCATION)
     workspace = tmp_path / "workspace.yaml"
     workspace.write_text(
-        yaml.safe_dump({"load_from": [{"python_file": {"relative_path": "monitored.py", "location_name": "m"}}]})
+        yaml.safe_dump(
+            {"load_from": [{"python_file": {"relative_path": "monitored.py", "location_name": "m"}}]}
+        )
     )
     flag, pids = tmp_path / "stuck", tmp_path / "stuck-pids"
     flag.touch()
@@ -107,14 +109,19 @@ def test_a_run_that_never_starts_is_failed_and_the_queue_moves_on(tmp_path: Path
 
     instance = dg.DagsterInstance.from_config(str(home))
     daemon = stack.launch(
-        "dagster-daemon", [str(bin_dir / "dagster-daemon"), "run", "-w", str(workspace)], tmp_path / "logs", env
+        "dagster-daemon",
+        [str(bin_dir / "dagster-daemon"), "run", "-w", str(workspace)],
+        tmp_path / "logs",
+        env,
     )
     try:
         launch()
         (stuck,) = instance.get_runs()
         wait_until(
             "the first run launched, its worker hanging",
-            lambda: pids.exists() and instance.get_run_by_id(stuck.run_id).status == dg.DagsterRunStatus.STARTING,
+            lambda: (
+                pids.exists() and instance.get_run_by_id(stuck.run_id).status == dg.DagsterRunStatus.STARTING
+            ),
             120,
         )
         flag.unlink()  # runs launched from now on start normally

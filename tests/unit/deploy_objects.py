@@ -238,7 +238,9 @@ current-context: none
 """
 
 
-def launched_run_job(launcher_config: dict[str, Any], container_context: dict[str, Any] | None) -> dict[str, Any]:
+def launched_run_job(
+    launcher_config: dict[str, Any], container_context: dict[str, Any] | None
+) -> dict[str, Any]:
     """The Job a K8sRunLauncher configured with `launcher_config` submits for a run whose code
     location reports `container_context`, built by dagster-k8s itself: a real K8sRunLauncher, a real
     run in a real (temporary) instance, `launch_run` (its merge of the launcher's settings with the

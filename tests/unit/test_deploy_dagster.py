@@ -42,8 +42,8 @@ from .deploy_objects import (
     helm_install_versions,
     instance_run_job,
     load_docs,
-    of_kind,
     nats_pods,
+    of_kind,
     snake,
 )
 
@@ -272,7 +272,11 @@ def test_run_pods_get_the_platforms_settings_without_the_code_servers_context(ro
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     sources = {(kind, ref["name"]) for source in container["envFrom"] for kind, ref in source.items()}
-    assert {("configMapRef", "fleet-config"), ("secretRef", "fleet-llm"), ("secretRef", "fleet-nats")} <= sources
+    assert {
+        ("configMapRef", "fleet-config"),
+        ("secretRef", "fleet-llm"),
+        ("secretRef", "fleet-nats"),
+    } <= sources
     assert ("secretRef", "fleet-s3") in sources
     assert container["image"] == f"{IMAGE}:{PYPROJECT['project']['version']}"
     assert job["metadata"]["namespace"] == "fleet"
@@ -321,7 +325,9 @@ def test_compute_logs_go_to_the_platforms_bucket_through_dagster_aws():
     assert {"name": "fleet-s3"} in VALUES["dagsterWebserver"]["envSecrets"]
     assert {"name": "fleet-s3"} in VALUES["dagsterDaemon"]["envSecrets"]
     for name in ("dagster-webserver", "dagster-daemon", "fleet-pipelines"):
-        (deployment,) = [d for d in of_kind(load_docs(DAGSTER_DIR), "Deployment") if d["metadata"]["name"] == name]
+        (deployment,) = [
+            d for d in of_kind(load_docs(DAGSTER_DIR), "Deployment") if d["metadata"]["name"] == name
+        ]
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert {"secretRef": {"name": "fleet-s3"}} in container["envFrom"], name
     assert "fleet-s3" in INSTANCE["run_launcher"]["config"]["env_secrets"]

@@ -111,7 +111,9 @@ def capabilities_baseline_1_0(meta: Meta, pod: Pod) -> str | None:
 
 
 def host_path_volumes_1_0(meta: Meta, pod: Pod) -> str | None:
-    return bad([v["name"] for v in pod.get("volumes") or [] if v.get("hostPath") is not None], "hostPath volumes")
+    return bad(
+        [v["name"] for v in pod.get("volumes") or [] if v.get("hostPath") is not None], "hostPath volumes"
+    )
 
 
 def host_ports_1_0(meta: Meta, pod: Pod) -> str | None:
@@ -125,7 +127,9 @@ def app_armor_profile_1_0(meta: Meta, pod: Pod) -> str | None:
     if "appArmorProfile" in sc(pod) and sc(pod)["appArmorProfile"].get("type") not in allowed:
         found.append("pod")
     found += [
-        c["name"] for c in visit(pod) if "appArmorProfile" in sc(c) and sc(c)["appArmorProfile"].get("type") not in allowed
+        c["name"]
+        for c in visit(pod)
+        if "appArmorProfile" in sc(c) and sc(c)["appArmorProfile"].get("type") not in allowed
     ]
     for key, value in (meta.get("annotations") or {}).items():
         if key.startswith("container.apparmor.security.beta.kubernetes.io/") and not (
@@ -139,7 +143,9 @@ def se_linux_options(allowed_types: set[str]) -> CheckFn:
     def check(meta: Meta, pod: Pod) -> str | None:
         def invalid(options: dict[str, Any] | None) -> bool:
             return options is not None and (
-                options.get("type", "") not in allowed_types or bool(options.get("user")) or bool(options.get("role"))
+                options.get("type", "") not in allowed_types
+                or bool(options.get("user"))
+                or bool(options.get("role"))
             )
 
         found = ["pod"] if invalid(sc(pod).get("seLinuxOptions")) else []
@@ -170,20 +176,29 @@ def valid_seccomp(profile: dict[str, Any]) -> bool:
 
 
 def seccomp_profile_baseline_1_0(meta: Meta, pod: Pod) -> str | None:
-    """Before 1.19: the seccomp annotations."""
-    found = []
-    for key, value in (meta.get("annotations") or {}).items():
-        if key == "seccomp.security.alpha.kubernetes.io/pod" or key.startswith(
-            "container.seccomp.security.alpha.kubernetes.io/"
-        ):
-            if not (value in ("runtime/default", "docker/default") or value.startswith("localhost/")):
-                found.append(key)
+    """Before 1.19: the seccomp annotations of the pod and of each of its containers."""
+    annotations = meta.get("annotations") or {}
+    keys = ["seccomp.security.alpha.kubernetes.io/pod"]
+    keys += [f"container.seccomp.security.alpha.kubernetes.io/{c['name']}" for c in visit(pod)]
+    found = [
+        key
+        for key in keys
+        if key in annotations
+        and not (
+            annotations[key] in ("runtime/default", "docker/default")
+            or annotations[key].startswith("localhost/")
+        )
+    ]
     return bad(found, "seccompProfile")
 
 
 def seccomp_profile_baseline_1_19(meta: Meta, pod: Pod) -> str | None:
     found = ["pod"] if "seccompProfile" in sc(pod) and not valid_seccomp(sc(pod)["seccompProfile"]) else []
-    found += [c["name"] for c in visit(pod) if "seccompProfile" in sc(c) and not valid_seccomp(sc(c)["seccompProfile"])]
+    found += [
+        c["name"]
+        for c in visit(pod)
+        if "seccompProfile" in sc(c) and not valid_seccomp(sc(c)["seccompProfile"])
+    ]
     return bad(found, "seccompProfile")
 
 
@@ -217,7 +232,14 @@ def windows_host_process_1_0(meta: Meta, pod: Pod) -> str | None:
 def host_probes_and_host_lifecycle_1_34(meta: Meta, pod: Pod) -> str | None:
     def hosts(handler: dict[str, Any] | None) -> list[str]:
         handler = handler or {}
-        return [h for h in ((handler.get("httpGet") or {}).get("host"), (handler.get("tcpSocket") or {}).get("host")) if h]
+        return [
+            h
+            for h in (
+                (handler.get("httpGet") or {}).get("host"),
+                (handler.get("tcpSocket") or {}).get("host"),
+            )
+            if h
+        ]
 
     found = []
     for c in visit(pod):
@@ -319,7 +341,9 @@ CHECKS = (
     Check("hostNamespaces", "baseline", (Revision((1, 0), host_namespaces_1_0),)),
     Check("hostPathVolumes", "baseline", (Revision((1, 0), host_path_volumes_1_0),)),
     Check("hostPorts", "baseline", (Revision((1, 0), host_ports_1_0),)),
-    Check("hostProbesAndHostLifecycle", "baseline", (Revision((1, 34), host_probes_and_host_lifecycle_1_34),)),
+    Check("hostProbesAndHostLifecycle", "baseline", (
+        Revision((1, 34), host_probes_and_host_lifecycle_1_34),
+    )),
     Check("privileged", "baseline", (Revision((1, 0), privileged_1_0),)),
     Check("procMount", "baseline", (
         Revision((1, 0), proc_mount_1_0),
@@ -350,7 +374,9 @@ CHECKS = (
         Revision((1, 25), not_windows(capabilities_restricted_1_22), ("capabilities_baseline",)),
     )),
     Check("procMount_restricted", "restricted", (Revision((1, 35), proc_mount_1_0, ("procMount",)),)),
-    Check("restrictedVolumes", "restricted", (Revision((1, 0), restricted_volumes_1_0, ("hostPathVolumes",)),)),
+    Check("restrictedVolumes", "restricted", (
+        Revision((1, 0), restricted_volumes_1_0, ("hostPathVolumes",)),
+    )),
     Check("runAsNonRoot", "restricted", (
         Revision((1, 0), run_as_non_root_1_0),
         Revision((1, 35), run_as_non_root_1_35),
@@ -377,7 +403,9 @@ def active_checks(level: str, version: Version) -> dict[str, CheckFn]:
         revisions = [r for r in check.revisions if r.minimum <= version]
         if check.level in levels and revisions:
             chosen[check.id] = revisions[-1]
-    overridden = {o for c in CHECKS if c.level == "restricted" and c.id in chosen for o in chosen[c.id].overrides}
+    overridden = {
+        o for c in CHECKS if c.level == "restricted" and c.id in chosen for o in chosen[c.id].overrides
+    }
     return {cid: r.check for cid, r in chosen.items() if cid not in overridden}
 
 
@@ -411,7 +439,11 @@ def check_named_by(case: str, level: str, version: Version) -> str:
     if check_id in active:
         return check_id
     overriders = {
-        c.id for c in CHECKS if c.id in active for r in c.revisions if check_id in r.overrides and r.minimum <= version
+        c.id
+        for c in CHECKS
+        if c.id in active
+        for r in c.revisions
+        if check_id in r.overrides and r.minimum <= version
     }
     (overrider,) = overriders
     return overrider
@@ -510,7 +542,9 @@ def test_kuberay_pods_carry_the_containers_the_operator_injects():
 
 @pytest.mark.parametrize("version", POLICY_VERSIONS, ids=[f"v{a}.{b}" for a, b in POLICY_VERSIONS])
 @pytest.mark.parametrize(("namespace", "owner", "pod"), EVERY_POD, ids=[o for _, o, _ in EVERY_POD])
-def test_pod_is_admitted_at_the_level_its_namespace_enforces(namespace: str, owner: str, pod: Pod, version: Version):
+def test_pod_is_admitted_at_the_level_its_namespace_enforces(
+    namespace: str, owner: str, pod: Pod, version: Version
+):
     labels = namespaces()[namespace]
     assert version_of(labels["enforce-version"]) >= version  # a newer server applies the pinned one
     assert violations(pod, labels["enforce"], version) == {}
@@ -564,7 +598,9 @@ def test_the_checks_catch_each_way_to_run_as_root():
         "seccompProfile_restricted": lambda p: p["securityContext"].pop("seccompProfile"),
         "privileged": lambda p: p["containers"][0]["securityContext"].update(privileged=True),
         "runAsUser": lambda p: p["containers"][0]["securityContext"].update(runAsUser=0),
-        "restrictedVolumes": lambda p: p.setdefault("volumes", []).append({"name": "h", "hostPath": {"path": "/"}}),
+        "restrictedVolumes": lambda p: p.setdefault("volumes", []).append(
+            {"name": "h", "hostPath": {"path": "/"}}
+        ),
         "appArmorProfile": lambda p: p["containers"][0]["securityContext"].update(
             appArmorProfile={"type": "Unconfined"}
         ),
@@ -633,7 +669,7 @@ def installed_profiles_label_value() -> str:
 
 def test_only_profile_bound_pods_name_a_localhost_profile_and_all_are_placed():
     """Any pod that names a Localhost profile is refused by the kubelet of a node without it."""
-    for namespace, owner, pod in EVERY_POD:
+    for _, owner, pod in EVERY_POD:
         localhost = [
             c["name"]
             for c in [pod, *containers(pod)]
