@@ -6,6 +6,7 @@ create, and the instance config the Dagster chart renders."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shlex
 from pathlib import Path
@@ -239,6 +240,19 @@ current-context: none
 
 
 def launched_run_job(
+    launcher_config: dict[str, Any], container_context: dict[str, Any] | None
+) -> dict[str, Any]:
+    """See build_run_job; memoized (a launch takes a temporary instance), each caller gets a copy."""
+    key = json.dumps([launcher_config, container_context], sort_keys=True)
+    if key not in _RUN_JOBS:
+        _RUN_JOBS[key] = build_run_job(launcher_config, container_context)
+    return copy.deepcopy(_RUN_JOBS[key])
+
+
+_RUN_JOBS: dict[str, dict[str, Any]] = {}
+
+
+def build_run_job(
     launcher_config: dict[str, Any], container_context: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The Job a K8sRunLauncher configured with `launcher_config` submits for a run whose code
