@@ -6,6 +6,7 @@ create, and the instance config the Dagster chart renders."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shlex
 from pathlib import Path
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 DAGSTER_DIR = DEPLOY / "dagster"
+NODE_DIR = DEPLOY / "node"
 README = (DEPLOY / "README.md").read_text()
 
 # The versions deploy/README.md pins; the chart-value schemas and render functions below are
@@ -24,6 +26,7 @@ README = (DEPLOY / "README.md").read_text()
 DAGSTER_CHART = "1.13.27"
 NATS_CHART = "2.14.2"
 KUBERAY_OPERATOR = "1.7.0"
+IMAGE_TAG = "0.1.0"
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -63,9 +66,10 @@ def load_docs(directory: Path) -> list[dict[str, Any]]:
         docs += load_all((directory / name).read_text())
     for generator in kustomization.get("configMapGenerator", []):
         data = {Path(f).name: (directory / f).read_text() for f in generator["files"]}
-        docs.append(
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data}
-        )
+        metadata = {"name": generator["name"]}
+        if "namespace" in generator:
+            metadata["namespace"] = generator["namespace"]
+        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
     return docs
 
 
@@ -78,34 +82,60 @@ def raycluster() -> dict[str, Any]:
     return cluster
 
 
+def kuberay_pods(cluster: dict[str, Any]) -> list[tuple[str, Pod]]:
+    """The head and worker pods the KubeRay operator (v1.7.0,
+    ray-operator/controllers/ray/common/pod.go) creates from a RayCluster, as far as Pod Security
+    reads them: each group's template plus what the operator adds. Head (DefaultHeadPodTemplate,
+    BuildPod): with in-tree autoscaling, the `autoscaler` container (BuildAutoscalerContainer; its
+    securityContext is autoscalerOptions.securityContext, mergeAutoscalerOverrides) and the
+    `ray-logs` emptyDir both mount. Workers (DefaultWorkerPodTemplate): the `wait-gcs-ready` init
+    container, appended after the template's own, with a deep copy of the Ray container's
+    securityContext. Every Ray container: the `shared-mem` emptyDir at /dev/shm, and liveness and
+    readiness probes as httpGet on the dashboard agent's port without a host (Ray >= 2.53)."""
+    spec = cluster["spec"]
+
+    def ray_pod(template: dict[str, Any]) -> Pod:
+        pod = copy.deepcopy(template["spec"])
+        ray = pod["containers"][0]
+        probe = {"httpGet": {"path": "/api/healthz", "port": 52365}}
+        ray.setdefault("livenessProbe", probe)
+        ray.setdefault("readinessProbe", probe)
+        volumes = pod.setdefault("volumes", [])
+        if not any(m["mountPath"] == "/dev/shm" for m in ray.get("volumeMounts", [])):
+            volumes.append({"name": "shared-mem", "emptyDir": {"medium": "Memory"}})
+            ray.setdefault("volumeMounts", []).append({"name": "shared-mem", "mountPath": "/dev/shm"})
+        return pod
+
+    head = ray_pod(spec["headGroupSpec"]["template"])
+    if spec.get("enableInTreeAutoscaling"):
+        options = spec.get("autoscalerOptions", {})
+        autoscaler = {"name": "autoscaler", "image": head["containers"][0]["image"]}
+        if "securityContext" in options:
+            autoscaler["securityContext"] = copy.deepcopy(options["securityContext"])
+        head["containers"].append(autoscaler)
+        head["volumes"].append({"name": "ray-logs", "emptyDir": {}})
+    pods = [("RayCluster/head", head)]
+    for group in spec["workerGroupSpecs"]:
+        worker = ray_pod(group["template"])
+        ray = worker["containers"][0]
+        wait = {"name": "wait-gcs-ready", "image": ray["image"]}
+        if "securityContext" in ray:
+            wait["securityContext"] = copy.deepcopy(ray["securityContext"])
+        worker["initContainers"] = [*worker.get("initContainers", []), wait]
+        pods.append((f"RayCluster/{group['groupName']}", worker))
+    return pods
+
+
 def workload_pods(docs: list[dict[str, Any]]) -> list[tuple[str, Pod]]:
-    """(owner, pod spec) of every Deployment, Job and RayCluster group, with the containers the
-    KubeRay operator adds: the autoscaler beside the head (autoscalerOptions.securityContext) and
-    the wait-gcs-ready init container of each worker (a copy of the Ray container's
-    securityContext; operator v1.7.0, ray-operator/controllers/ray/common/pod.go)."""
+    """(owner, pod spec) of every Deployment, DaemonSet, Job and RayCluster group (with the
+    containers the KubeRay operator adds)."""
     pods = [
         (f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]["spec"])
         for d in docs
-        if d["kind"] in ("Deployment", "Job")
+        if d["kind"] in ("Deployment", "DaemonSet", "Job")
     ]
     for cluster in of_kind(docs, "RayCluster"):
-        spec = cluster["spec"]
-        head = copy.deepcopy(spec["headGroupSpec"]["template"]["spec"])
-        if spec.get("enableInTreeAutoscaling"):
-            options = spec.get("autoscalerOptions", {})
-            head["containers"].append(
-                {"name": "autoscaler", **{k: options[k] for k in ("securityContext",) if k in options}}
-            )
-        pods.append(("RayCluster/head", head))
-        for group in spec["workerGroupSpecs"]:
-            worker = copy.deepcopy(group["template"]["spec"])
-            ray_container = worker["containers"][0]
-            wait = {
-                "name": "wait-gcs-ready",
-                "securityContext": copy.deepcopy(ray_container.get("securityContext")),
-            }
-            worker["initContainers"] = [*worker.get("initContainers", []), wait]
-            pods.append((f"RayCluster/{group['groupName']}", worker))
+        pods += kuberay_pods(cluster)
     return pods
 
 
@@ -185,8 +215,10 @@ def chart_pods(values: dict[str, Any]) -> list[tuple[str, Pod]]:
                             "name": "dagster",
                             "securityContext": d.get("securityContext"),
                             "ports": [{"containerPort": d["port"]}],
+                            "volumeMounts": d.get("volumeMounts", []),
                         }
                     ],
+                    "volumes": d.get("volumes", []),
                 },
             )
         )
@@ -198,47 +230,137 @@ def snake(key: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
 
 
-def launched_run_job(
-    run_k8s_config: dict[str, Any], env_config_maps: list[str], env_secrets: list[str]
-) -> dict[str, Any]:
-    """The Job dagster-k8s's K8sRunLauncher submits for a run, built by dagster-k8s itself
-    (construct_dagster_k8s_job) from a run launcher's settings, as Kubernetes JSON."""
-    import kubernetes
-    from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: none, user: {token: none}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+"""
 
-    job_config = DagsterK8sJobConfig(
-        job_image="registry.example.com/fleet-pipelines:0.1.0",
-        dagster_home=INSTANCE["run_launcher"]["config"]["dagster_home"],
-        instance_config_map="dagster-instance",
-        postgres_password_secret="dagster-postgresql-secret",
-        env_config_maps=env_config_maps,
-        env_secrets=env_secrets,
-    )
-    job = construct_dagster_k8s_job(
-        job_config,
-        ["dagster", "api", "execute_run", "{}"],
-        "dagster-run-0",
-        UserDefinedDagsterK8sConfig.from_dict(run_k8s_config),
-    )
-    return kubernetes.client.ApiClient().sanitize_for_serialization(job)
+
+def launched_run_job(
+    launcher_config: dict[str, Any], container_context: dict[str, Any] | None
+) -> dict[str, Any]:
+    """See build_run_job; memoized (a launch takes a temporary instance), each caller gets a copy."""
+    key = json.dumps([launcher_config, container_context], sort_keys=True)
+    if key not in _RUN_JOBS:
+        _RUN_JOBS[key] = build_run_job(launcher_config, container_context)
+    return copy.deepcopy(_RUN_JOBS[key])
+
+
+_RUN_JOBS: dict[str, dict[str, Any]] = {}
+
+
+def build_run_job(
+    launcher_config: dict[str, Any], container_context: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The Job a K8sRunLauncher configured with `launcher_config` submits for a run whose code
+    location reports `container_context`, built by dagster-k8s itself: a real K8sRunLauncher, a real
+    run in a real (temporary) instance, `launch_run` (its merge of the launcher's settings with the
+    code location's container context and the run's tags, then construct_dagster_k8s_job). Only
+    the last call goes to a fake: there is no API server here, so the Job is captured instead of
+    created. Returned as Kubernetes JSON."""
+    import tempfile
+
+    import dagster as dg
+    import kubernetes
+    from dagster._config import process_config
+    from dagster._core.code_pointer import ModuleCodePointer
+    from dagster._core.launcher import LaunchRunContext
+    from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
+    from dagster._core.test_utils import create_run_for_test
+    from dagster_k8s import K8sRunLauncher
+
+    with tempfile.TemporaryDirectory() as home:
+        kubeconfig = Path(home) / "kubeconfig"
+        kubeconfig.write_text(KUBECONFIG)
+        config = {**launcher_config, "load_incluster_config": False, "kubeconfig_file": str(kubeconfig)}
+        processed = process_config(K8sRunLauncher.config_type(), config)
+        assert processed.success, processed.errors
+        launcher = K8sRunLauncher(**processed.value)
+        with dg.DagsterInstance.local_temp(home) as instance:
+            launcher.register_instance(instance)
+            submitted: list[tuple[str, Any]] = []
+
+            def fake_create_job(body: Any, namespace: str) -> None:  # no API server: capture
+                submitted.append((namespace, body))
+
+            launcher._api_client.create_namespaced_job_with_retries = fake_create_job  # type: ignore[method-assign]
+            origin = JobPythonOrigin(
+                "deliberation",
+                RepositoryPythonOrigin(
+                    executable_path="/opt/venv/bin/python",
+                    code_pointer=ModuleCodePointer("fleet_pipelines.definitions", "defs", None),
+                    container_image=f"registry.example.com/fleet-pipelines:{IMAGE_TAG}",
+                    container_context=container_context,
+                ),
+            )
+            run = create_run_for_test(instance, job_name="deliberation", job_code_origin=origin)
+            launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+    ((namespace, job),) = submitted
+    job = kubernetes.client.ApiClient().sanitize_for_serialization(job)
+    job["metadata"]["namespace"] = namespace
+    return job
 
 
 def instance_run_job() -> dict[str, Any]:
-    """The run Job of deploy/dagster/dagster.yaml's K8sRunLauncher."""
-    config = INSTANCE["run_launcher"]["config"]
-    return launched_run_job(config["run_k8s_config"], config["env_config_maps"], config["env_secrets"])
+    """The run Job of deploy/dagster/dagster.yaml's K8sRunLauncher (the code server sets no
+    container context on this route)."""
+    return launched_run_job(INSTANCE["run_launcher"]["config"], None)
+
+
+def chart_run_launcher(values: dict[str, Any]) -> dict[str, Any]:
+    """The K8sRunLauncher config the chart renders from our values (release `dagster`, so the chart's
+    full name and service account are `dagster`): templates/helpers/instance/_run-launcher.tpl,
+    keys of runK8sConfig snake_cased one level down."""
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    config = {
+        "load_incluster_config": True,
+        "job_namespace": launcher["jobNamespace"],
+        "image_pull_policy": launcher["imagePullPolicy"],
+        "service_account_name": "dagster",
+        "dagster_home": values["global"]["dagsterHome"],
+        "instance_config_map": "dagster-instance",
+        "postgres_password_secret": values["global"]["postgresqlSecretName"],
+        "env_config_maps": [r["name"] for r in launcher.get("envConfigMaps", [])],
+        "env_secrets": [r["name"] for r in launcher.get("envSecrets", [])],
+    }
+    for key in ("volumeMounts", "volumes", "labels", "resources", "securityContext"):
+        if key in launcher:
+            config[snake(key)] = launcher[key]
+    if "runK8sConfig" in launcher:
+        config["run_k8s_config"] = {snake(k): v for k, v in launcher["runK8sConfig"].items()}
+    return config
+
+
+def chart_container_context(values: dict[str, Any]) -> dict[str, Any] | None:
+    """What the chart's user deployment reports as its code location's container context
+    (DAGSTER_CLI_API_GRPC_CONTAINER_CONTEXT, dagster-user-deployments helper
+    `dagsterUserDeployments.k8sContainerContext`), or None with includeConfigInLaunchedRuns off."""
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    if not deployment.get("includeConfigInLaunchedRuns", {"enabled": True})["enabled"]:
+        return None
+    k8s: dict[str, Any] = {
+        "image_pull_policy": deployment["image"]["pullPolicy"],
+        "env_config_maps": [
+            f"dagster-dagster-user-deployments-{deployment['name']}-user-env",
+            *[r["name"] for r in deployment.get("envConfigMaps", [])],
+        ],
+        "namespace": "fleet",
+        "service_account_name": "dagster-dagster-user-deployments-user-deployments",
+    }
+    if deployment.get("envSecrets"):
+        k8s["env_secrets"] = [r["name"] for r in deployment["envSecrets"]]
+    for key in ("volumeMounts", "volumes", "labels", "resources"):
+        if deployment.get(key):
+            k8s[snake(key)] = deployment[key]
+    return {"k8s": k8s}
 
 
 def chart_run_job(values: dict[str, Any]) -> dict[str, Any]:
-    """The run Job of the chart's K8sRunLauncher (runK8sConfig keys snake_cased by the chart's
-    _run-launcher.tpl), with the user deployment's config maps and secrets merged in
-    (includeConfigInLaunchedRuns)."""
-    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
-    (user,) = values["dagster-user-deployments"]["deployments"]
-    config_maps = [r["name"] for r in [*launcher["envConfigMaps"], *user["envConfigMaps"]]]
-    secrets = [r["name"] for r in [*launcher["envSecrets"], *user["envSecrets"]]]
-    run_k8s_config = {snake(k): v for k, v in launcher["runK8sConfig"].items()}
-    return launched_run_job(run_k8s_config, list(dict.fromkeys(config_maps)), list(dict.fromkeys(secrets)))
+    """The run Job of the chart's K8sRunLauncher, for a run of our user deployment."""
+    return launched_run_job(chart_run_launcher(values), chart_container_context(values))
 
 
 def nats_pods(values: dict[str, Any]) -> list[tuple[str, Pod]]:

@@ -33,14 +33,17 @@ from .deploy_objects import (
     NATS_VALUES,
     ROOT,
     VALUES,
+    chart_container_context,
     chart_pods,
     chart_run_job,
+    chart_run_launcher,
     chart_storage,
     documented_secrets,
     helm_install_versions,
     instance_run_job,
     load_docs,
     nats_pods,
+    of_kind,
     snake,
 )
 
@@ -51,20 +54,22 @@ IMAGE = "registry.example.com/fleet-pipelines"
 
 def render_instance(values: dict[str, Any]) -> dict[str, Any]:
     """The instance sections the Dagster chart renders from our values (chart helpers
-    `_run-coordinator.tpl`, `_run-launcher.tpl`, `_sensors.tpl`): keys snake_cased one level down,
-    named references flattened to names."""
-    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
-    k8s_config = {snake(k): v for k, v in launcher["runK8sConfig"].items()}
+    `_run-coordinator.tpl`, `_run-launcher.tpl`, `_compute-log-manager.tpl`, `_sensors.tpl`, and
+    templates/configmap-instance.yaml for run_monitoring): keys snake_cased one level down, named
+    references flattened to names."""
     queued = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
     daemon = values["dagsterDaemon"]
+    logs = values["computeLogManager"]
+    assert logs["type"] == "S3ComputeLogManager"
     return {
-        "run_launcher": {
-            "job_namespace": launcher["jobNamespace"],
-            "env_secrets": [r["name"] for r in launcher["envSecrets"]],
-            "run_k8s_config": k8s_config,
-            "dagster_home": values["global"]["dagsterHome"],
-        },
+        "run_launcher": chart_run_launcher(values),
         "run_coordinator": {snake(k): v for k, v in queued.items()},
+        "run_monitoring": {snake(k): v for k, v in daemon["runMonitoring"].items()},
+        "compute_logs": {
+            "module": "dagster_aws.s3.compute_log_manager",
+            "class": "S3ComputeLogManager",
+            "config": {snake(k): v for k, v in logs["config"]["s3ComputeLogManager"].items()},
+        },
         "sensors": {snake(k): v for k, v in daemon["sensors"].items()},
         "schedules": {snake(k): v for k, v in daemon["schedules"].items()},
     }
@@ -106,7 +111,7 @@ def test_the_run_job_dagster_k8s_builds_is_valid_kubernetes(route: str, version:
     job["metadata"].pop("creationTimestamp", None)
     kubernetes_validate.validate(job, version, strict=True)
     pod = job["spec"]["template"]["spec"]
-    assert pod["hostUsers"] is False and pod["containers"][0]["securityContext"]["procMount"] == "Unmasked"
+    assert pod["hostUsers"] is False and "procMount" not in pod["containers"][0]["securityContext"]
 
 
 @pytest.mark.parametrize(("owner", "pod"), chart_pods(VALUES) + nats_pods(NATS_VALUES))
@@ -148,10 +153,10 @@ def schema_header(name: str) -> str:
 def test_helm_values_render_the_same_instance_as_the_instance_file():
     rendered = render_instance(VALUES)
     launcher = INSTANCE["run_launcher"]["config"]
-    assert rendered["run_launcher"]["job_namespace"] == launcher["job_namespace"]
-    assert rendered["run_launcher"]["dagster_home"] == launcher["dagster_home"]
-    assert rendered["run_launcher"]["env_secrets"] == launcher["env_secrets"]
-    assert rendered["run_launcher"]["run_k8s_config"] == launcher["run_k8s_config"]
+    for key in ("job_namespace", "dagster_home", "env_secrets", "run_k8s_config", "image_pull_policy"):
+        assert rendered["run_launcher"][key] == launcher[key], key
+    for section in ("run_monitoring", "compute_logs"):
+        assert rendered[section] == INSTANCE[section], section
     # The chart route also needs no dagster-pg ConfigMap: it writes host, user and db literally.
     assert [*VALUES["runLauncher"]["config"]["k8sRunLauncher"]["envConfigMaps"], {"name": "dagster-pg"}] == [
         {"name": n} for n in launcher["env_config_maps"]
@@ -159,7 +164,7 @@ def test_helm_values_render_the_same_instance_as_the_instance_file():
     assert rendered["run_coordinator"] == INSTANCE["run_coordinator"]["config"]
     assert rendered["sensors"] == INSTANCE["sensors"]
     assert rendered["schedules"] == INSTANCE["schedules"]
-    assert errors(K8sRunLauncher.config_type(), {**launcher, **rendered["run_launcher"]}) == []
+    assert errors(K8sRunLauncher.config_type(), rendered["run_launcher"]) == []
 
 
 def test_both_routes_store_through_psycopg2():
@@ -181,7 +186,8 @@ def test_user_code_deployment_serves_our_code_location_with_postgres_storage():
     assert args[args.index("--module-name") + 1] == PYPROJECT["tool"]["dagster"]["module_name"]
     for image in (deployment["image"], VALUES["dagsterWebserver"]["image"], VALUES["dagsterDaemon"]["image"]):
         assert (image["repository"], image["tag"]) == (IMAGE, PYPROJECT["project"]["version"])
-    assert deployment["includeConfigInLaunchedRuns"]["enabled"]
+    # Run pods take their settings from the run launcher only (see the resources test below).
+    assert deployment["includeConfigInLaunchedRuns"]["enabled"] is False
     assert VALUES["runLauncher"]["type"] == "K8sRunLauncher"
     assert VALUES["postgresql"]["enabled"] is False and VALUES["generatePostgresqlPasswordSecret"] is False
     secrets = documented_secrets()
@@ -224,3 +230,126 @@ def test_nats_values_match_the_chart_schema_and_enable_jetstream_with_the_platfo
         old = yaml.safe_load(yaml.safe_dump(NATS_VALUES))
         old["cluster"] = old.pop("config")["cluster"]  # chart 0.x layout
         jsonschema.Draft202012Validator(schema).validate(old)
+
+
+# --- run-pod resources, run monitoring, compute logs, the instance file ----------------------------
+
+
+def run_resources(job: dict[str, Any]) -> dict[str, Any]:
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    return container["resources"]
+
+
+@pytest.mark.parametrize("route", ["instance", "chart"])
+def test_run_pods_get_the_run_launchers_resources(route: str):
+    """The Job dagster-k8s's K8sRunLauncher submits (its own launch_run: the launcher's settings
+    merged with the code location's container context and the run's tags) has the resources we
+    set for runs, not the code server's: they bound every sandbox of the run."""
+    job = instance_run_job() if route == "instance" else chart_run_job(VALUES)
+    wanted = INSTANCE["run_launcher"]["config"]["run_k8s_config"]["container_config"]["resources"]
+    assert run_resources(job) == wanted
+    assert wanted["limits"] == {"cpu": "2", "memory": "4Gi"}
+    (code_server,) = VALUES["dagster-user-deployments"]["deployments"]
+    assert code_server["resources"] != wanted
+
+
+def test_with_the_code_servers_config_in_launched_runs_its_resources_would_win():
+    """Why includeConfigInLaunchedRuns is off: on, the chart reports the code server's resources as
+    its container context, and dagster-k8s's merge puts them over the run launcher's."""
+    assert chart_container_context(VALUES) is None
+    values = yaml.safe_load(yaml.safe_dump(VALUES))
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    deployment["includeConfigInLaunchedRuns"]["enabled"] = True
+    assert chart_container_context(values)["k8s"]["resources"] == deployment["resources"]
+    assert run_resources(chart_run_job(values)) == deployment["resources"]
+
+
+@pytest.mark.parametrize("route", ["instance", "chart"])
+def test_run_pods_get_the_platforms_settings_without_the_code_servers_context(route: str):
+    """With no container context the launcher alone must give run pods the settings, the secrets,
+    the instance and the image of the code location."""
+    job = instance_run_job() if route == "instance" else chart_run_job(VALUES)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    sources = {(kind, ref["name"]) for source in container["envFrom"] for kind, ref in source.items()}
+    assert {
+        ("configMapRef", "fleet-config"),
+        ("secretRef", "fleet-llm"),
+        ("secretRef", "fleet-nats"),
+    } <= sources
+    assert ("secretRef", "fleet-s3") in sources
+    assert container["image"] == f"{IMAGE}:{PYPROJECT['project']['version']}"
+    assert job["metadata"]["namespace"] == "fleet"
+    assert pod["serviceAccountName"] == "dagster"
+    # The instance travels in the run's command (dagster-k8s mounts no instance file in run pods);
+    # its PostgreSQL password from the Secret the launcher names.
+    assert '"instance_ref"' in container["args"][-1]
+    (password,) = [e for e in container["env"] if e["name"] == "DAGSTER_PG_PASSWORD"]
+    assert password["valueFrom"]["secretKeyRef"]["name"] == "dagster-postgresql-secret"
+
+
+def test_both_routes_monitor_runs_with_a_start_timeout_and_resume_attempts():
+    """Dagster leaves run monitoring off: a run whose pod never starts would stay STARTING and hold
+    its queue slot. Both routes enable it (the chart renders dagsterDaemon.runMonitoring);
+    tests/integration/test_run_monitoring.py runs it on a local instance."""
+    monitoring = INSTANCE["run_monitoring"]
+    assert monitoring["enabled"] is True
+    assert 60 <= monitoring["start_timeout_seconds"] <= 600  # minutes, not never
+    assert monitoring["max_resume_run_attempts"] >= 1
+    assert monitoring["poll_interval_seconds"] < monitoring["start_timeout_seconds"]
+    assert render_instance(VALUES)["run_monitoring"] == monitoring
+    # Resume attempts need a launcher that can resume (Dagster refuses the instance otherwise).
+    assert K8sRunLauncher.supports_resume_run.fget(None) is True  # type: ignore[attr-defined]
+    with pytest.raises(jsonschema.ValidationError, match="startTimeoutSecond"):
+        typo = yaml.safe_load(yaml.safe_dump(VALUES))
+        run_monitoring = typo["dagsterDaemon"]["runMonitoring"]
+        run_monitoring["startTimeoutSecond"] = run_monitoring.pop("startTimeoutSeconds")
+        schema = yaml.safe_load((SCHEMAS / "dagster-values.schema.yaml").read_text())
+        jsonschema.Draft202012Validator(schema).validate(typo)
+
+
+def test_compute_logs_go_to_the_platforms_bucket_through_dagster_aws():
+    from dagster_aws.s3.compute_log_manager import S3ComputeLogManager
+
+    logs = INSTANCE["compute_logs"]
+    assert (logs["module"], logs["class"]) == ("dagster_aws.s3.compute_log_manager", "S3ComputeLogManager")
+    assert errors(S3ComputeLogManager.config_type(), logs["config"]) == []
+    (fleet_config,) = [d for d in load_docs(K8S) if d["metadata"]["name"] == "fleet-config"]
+    bucket = fleet_config["data"]["FLEET_STORAGE_PATH"].removeprefix("s3://").split("/")[0]
+    assert logs["config"]["bucket"] == bucket
+    # dagster-aws is installed with dagster-k8s, at the Dagster release's integration version.
+    extra = PYPROJECT["project"]["optional-dependencies"]["k8s"]
+    k8s_pin = next(p for p in extra if p.startswith("dagster-k8s=="))
+    assert f"dagster-aws=={k8s_pin.split('==')[1]}" in extra
+    # Whoever writes or shows the logs has the bucket's credentials.
+    assert {"name": "fleet-s3"} in VALUES["dagsterWebserver"]["envSecrets"]
+    assert {"name": "fleet-s3"} in VALUES["dagsterDaemon"]["envSecrets"]
+    for name in ("dagster-webserver", "dagster-daemon", "fleet-pipelines"):
+        (deployment,) = [
+            d for d in of_kind(load_docs(DAGSTER_DIR), "Deployment") if d["metadata"]["name"] == name
+        ]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert {"secretRef": {"name": "fleet-s3"}} in container["envFrom"], name
+    assert "fleet-s3" in INSTANCE["run_launcher"]["config"]["env_secrets"]
+
+
+def test_the_instance_file_is_mounted_wherever_fleet_runs():
+    """`fleet result` / `fleet deliberate` in the code-server pod use the production instance
+    (without it, a local SQLite one): the code server mounts the same ConfigMap the run pods get."""
+    home = INSTANCE["run_launcher"]["config"]["dagster_home"]
+    config_map = INSTANCE["run_launcher"]["config"]["instance_config_map"]
+    (deployment,) = [
+        d for d in of_kind(load_docs(DAGSTER_DIR), "Deployment") if d["metadata"]["name"] == "fleet-pipelines"
+    ]
+    pod = deployment["spec"]["template"]["spec"]
+    for mounts, volumes in (
+        (pod["containers"][0]["volumeMounts"], pod["volumes"]),
+        (
+            VALUES["dagster-user-deployments"]["deployments"][0]["volumeMounts"],
+            VALUES["dagster-user-deployments"]["deployments"][0]["volumes"],
+        ),
+    ):
+        (mount,) = [m for m in mounts if m["mountPath"] == f"{home}/dagster.yaml"]
+        assert mount["subPath"] == "dagster.yaml"
+        (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+        assert volume["configMap"]["name"] == config_map == chart_run_launcher(VALUES)["instance_config_map"]

@@ -1,6 +1,11 @@
 """The one image installs what CI tests: deploy/Dockerfile installs only through the Makefile's
 `install` target, whose recipe (read with `make -n`) is the one `make test` runs, on the
-Python CI runs. Docker itself is not available here; the image build is not run."""
+Python CI runs, under one constraints file (deploy/constraints.txt) that pins every package of the
+`cpu` image, Ray first, for both targets, at the versions installed here. Docker itself is not
+available here; the image build is not run.
+
+Regenerate the constraints from a fresh `make install` venv:
+    .venv/bin/python -m tests.unit.test_deploy_image > deploy/constraints.txt"""
 
 from __future__ import annotations
 
@@ -10,9 +15,12 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "deploy" / "Dockerfile").read_text()
@@ -108,3 +116,65 @@ def test_both_images_run_as_an_unprivileged_user_with_the_venv_on_every_path():
     assert 'chown 10001:10001 "$DAGSTER_HOME"' in base
     # A login shell resets PATH from /etc/profile; profile.d puts the venv back.
     assert "export PATH=/opt/venv/bin:$PATH' > /etc/profile.d/" in base
+
+
+CONSTRAINTS = ROOT / "deploy" / "constraints.txt"
+
+
+def installed_closure(extras: set[str]) -> dict[str, str]:
+    """Package -> installed version of everything `pip install '.[extras]'` brings, from this
+    environment's metadata (markers evaluated here: Linux, this Python)."""
+    pins: dict[str, str] = {}
+    todo, done = [("fleet-pipelines", frozenset(extras))], set()
+    while todo:
+        name, wanted = todo.pop()
+        if (canonicalize_name(name), wanted) in done:
+            continue
+        done.add((canonicalize_name(name), wanted))
+        dist = metadata.distribution(name)
+        pins[canonicalize_name(dist.metadata["Name"])] = dist.version
+        for requirement in map(Requirement, dist.requires or []):
+            environments = [{"extra": e} for e in wanted] or [{"extra": ""}]
+            if requirement.marker is None or any(requirement.marker.evaluate(e) for e in environments):
+                todo.append((requirement.name, frozenset(requirement.extras)))
+    pins.pop("fleet-pipelines")
+    return pins
+
+
+def constraint_pins() -> dict[str, str]:
+    pins = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def render_constraints() -> str:
+    header = (
+        "# Pins for both images (deploy/Dockerfile sets PIP_CONSTRAINT to this file): every package of\n"
+        "# the cpu image (pyproject's k8s extra) at the version `make test` ran with, so the CPU and GPU\n"
+        "# images (Ray Client's two ends) cannot resolve Ray or a shared package differently.\n"
+        "# Regenerate: .venv/bin/python -m tests.unit.test_deploy_image > deploy/constraints.txt\n"
+    )
+    pins = installed_closure({"k8s"})
+    return header + "".join(f"{name}=={pins[name]}\n" for name in sorted(pins))
+
+
+def test_both_images_install_under_one_constraints_file():
+    (constraint,) = re.findall(r"PIP_CONSTRAINT=(\S+)", stages()["base"])
+    assert constraint == "/opt/fleet/deploy/constraints.txt"
+    assert "COPY deploy/constraints.txt ./deploy/constraints.txt" in stages()["base"]
+    pins = constraint_pins()
+    (ray,) = [p for p in PYPROJECT["project"]["dependencies"] if p.startswith("ray[")]
+    assert Requirement(ray).specifier.contains(pins["ray"])
+
+
+def test_the_constraints_pin_every_package_of_the_cpu_image_at_the_tested_version():
+    """What CI installed (this venv) is what the images get; a package the image needs and the file
+    lacks would float. Run under a `make install` venv of the current pyproject."""
+    assert constraint_pins() == installed_closure({"k8s"})
+
+
+if __name__ == "__main__":
+    print(render_constraints(), end="")
