@@ -4,9 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Extras of the install: deploy/Dockerfile runs this same target with EXTRAS=k8s (and vllm-gpu).
 EXTRAS ?= dev,k8s
-# Reinstall when the dependency list or the extras change.
+# Every install resolves under deploy/constraints.txt, as both images do (Ray and every shared
+# package at one version), so what `make test` runs is what the images get.
+CONSTRAINTS := deploy/constraints.txt
+# Reinstall when the dependency list, the pins or the extras change.
 comma := ,
-STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)-$(subst $(comma),_,$(EXTRAS))
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | md5sum | cut -c1-8)-$(subst $(comma),_,$(EXTRAS))
 # The vLLM CPU engine lives in its own virtualenv (~1.3 GB with torch), so `make test` stays lean.
 VLLM_VENV ?= .venv-vllm
 PYTEST_ARGS ?=
@@ -18,8 +21,8 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+$(STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
+	PIP_CONSTRAINT=$(CONSTRAINTS) $(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

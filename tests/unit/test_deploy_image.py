@@ -155,7 +155,11 @@ def render_constraints() -> str:
         "# Pins for both images (deploy/Dockerfile sets PIP_CONSTRAINT to this file): every package of\n"
         "# the cpu image (pyproject's k8s extra) at the version `make test` ran with, so the CPU and GPU\n"
         "# images (Ray Client's two ends) cannot resolve Ray or a shared package differently.\n"
-        "# Regenerate: .venv/bin/python -m tests.unit.test_deploy_image > deploy/constraints.txt\n"
+        "# `make install` and `make install-vllm` resolve under it too, so a pin vLLM cannot take\n"
+        "# (numpy < 2.4 for vllm 0.32) fails CI's vLLM install instead of the GPU image's build.\n"
+        "# Regenerate after a dependency change: resolve pyproject's dev,k8s,vllm extras together\n"
+        "# (pip install --dry-run --report), install, then\n"
+        "# .venv/bin/python -m tests.unit.test_deploy_image > deploy/constraints.txt\n"
     )
     pins = installed_closure({"k8s"})
     return header + "".join(f"{name}=={pins[name]}\n" for name in sorted(pins))
@@ -170,9 +174,15 @@ def test_both_images_install_under_one_constraints_file():
     assert Requirement(ray).specifier.contains(pins["ray"])
 
 
+def test_the_makefile_installs_under_the_images_constraints():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "CONSTRAINTS := deploy/constraints.txt" in makefile
+    assert "PIP_CONSTRAINT=$(CONSTRAINTS) $(PY) -m pip install" in makefile
+
+
 def test_the_constraints_pin_every_package_of_the_cpu_image_at_the_tested_version():
-    """What CI installed (this venv) is what the images get; a package the image needs and the file
-    lacks would float. Run under a `make install` venv of the current pyproject."""
+    """What CI installed (this venv, under the same file) is what the images get; a package the
+    image needs and the file lacks would float. Run under a `make install` venv."""
     assert constraint_pins() == installed_closure({"k8s"})
 
 
