@@ -34,6 +34,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import logging
 import os
 import platform
 import random
@@ -464,6 +465,24 @@ def isolation_available() -> tuple[bool, str]:
     if isinstance(setup, tuple):
         return False, setup[1]
     return True, setup.isolation()
+
+
+def unavailable_warning() -> str | None:
+    """What to warn about at start-up when the sandbox cannot run (None when it can)."""
+    ok, why = isolation_available()
+    if ok:
+        return None
+    return (
+        "the sandbox is unavailable, so no proposal's code will run: every runs and tests check "
+        f"will be not_run and no winner will pass winner_passes_checks ({why})"
+    )
+
+
+def log_when_unavailable() -> None:
+    """Logs `unavailable_warning` (the code location runs it in a thread at load)."""
+    warning = unavailable_warning()
+    if warning:
+        logging.getLogger("fleet_pipelines.sandbox").warning(warning)
 
 
 def run_python(
