@@ -8,7 +8,8 @@ byte to READY_FD and closes it, and only then lets the solution's code run. The 
 READY_FD: a run whose byte never came failed in setup (bwrap or this program), before any code of
 the solution ran; nothing of the solution can ever write to it.
 
-- **script** (`run_python`): execs Python on `main.py`; the exit code is the result;
+- **script** (`run_python`): runs Python on `main.py` in a child (`run_script`); its exit code
+  is the result;
 - **tests** (`run_tests`): forks the *solution process* (`serve`) first, before the spec is read
   (so no test code is in its memory), which keeps only its end of a socket pair and the sandbox's
   stdout/stderr; then becomes the *test process*: it marks itself non-dumpable (so the solution
@@ -394,8 +395,24 @@ def main():
         os._exit(SETUP_FAILED)
     if mode == "tests":
         run_tests(spec, result_fd, ours, process)
-    python = sys.executable
-    os.execve(python, [python, "-B", "-E", "-s", "main.py"], spec["env"])
+    run_script(spec["env"])
+
+
+def run_script(env):
+    """pid 1 forks the program and waits for it: the program is no pid 1 (so the kernel's
+    SIGXCPU and SIGXFSZ, and its own signals, act on it as on any process), and pid 1, which
+    it cannot write to (non-dumpable), reports its end as bwrap would: its exit code, or 128 + N
+    when signal N killed it."""
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    program = os.fork()
+    if program == 0:
+        python = sys.executable
+        os.execve(python, [python, "-B", "-E", "-s", "main.py"], env)
+    while True:  # orphans are reparented here: reap them too
+        pid, status = os.waitpid(-1, 0)
+        if pid == program:
+            break
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
 if __name__ == "__main__":
