@@ -1276,3 +1276,54 @@ def test_as_root_a_run_that_cannot_have_its_own_uid_is_refused_never_run_as_root
         sandbox._setup.cache_clear()
     assert not ok and "own unprivileged uid (never host uid 0)" in why and "owned by root" in why, why
     assert result.status == "not_run" and result.stdout == ""
+
+
+DO_NOTHING = {  # appended to each HumanEval prompt with an empty body
+    "shadowed builtins": (
+        "def range(*a):\n    return []\ndef abs(x):\n    return 0\ndef eval(*a):\n    return 0\n"
+        "def len(x):\n    return 0\ndef all(x):\n    return True\ndef any(x):\n    return True\n"
+    ),
+    "lying values": (
+        "class _Liar:\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = lambda self, other: False\n"
+        "    def __sub__(self, other):\n        return 0\n"
+        "    __rsub__ = __add__ = __radd__ = __mul__ = __truediv__ = __sub__\n"
+        "    def __abs__(self):\n        return 0\n"
+        "    def __bool__(self):\n        return True\n"
+        "    __hash__ = object.__hash__\n"
+        "import functools\n"
+        "for _name, _value in list(globals().items()):\n"
+        "    if callable(_value) and not _name.startswith('_') and not isinstance(_value, type):\n"
+        "        globals()[_name] = functools.wraps(_value)(lambda *a, **k: _Liar())\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(DO_NOTHING))
+def test_a_do_nothing_candidate_passes_no_humaneval_test_and_no_prompt_example(kind: str):
+    """The reviewer's candidates: builtins of the tests shadowed, or every function returning a
+    value whose operators lie. Against all 164 hidden tests: none passes; of the prompt examples
+    only those an empty body (None) answers rightly anyway hold."""
+    from fleet_pipelines.domain import evaluation as ev
+    from fleet_pipelines.evaluation.suites import load_humaneval
+
+    problems = load_humaneval()
+
+    def verdict(problem: ev.Problem) -> tuple[bool, int]:
+        source = ev.empty_source(problem) + "\n" + DO_NOTHING[kind]
+        hidden = sandbox.run_tests(source, [], ev.hidden_tests(problem), LIMITS)
+        passed = ev.hidden_status(hidden.outcomes, hidden.complete, hidden.result.status) == "passed"
+        examples = ev.parse_examples(problem)
+        if not examples:
+            return passed, 0
+        held = [
+            ev.examples_passed(sandbox.run_tests(s, [], ev.examples_tests(examples), LIMITS).outcomes)
+            for s in (source, ev.empty_source(problem))
+        ]
+        return passed, held[0] - held[1]  # examples it holds beyond what returning None holds
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        verdicts = dict(zip((p.problem_id for p in problems), pool.map(verdict, problems), strict=True))
+    assert [pid for pid, (passed, _) in verdicts.items() if passed] == []
+    assert {pid: held for pid, (_, held) in verdicts.items() if held > 0} == {}
