@@ -64,9 +64,10 @@ SETUP_FAILED = 125
 # Syscalls no test needs that widen the kernel surface or open a channel between sandboxes:
 # tracing or reading other processes, eBPF, perf, userfaultfd, keyrings, io_uring, memfd_secret,
 # memfd_create (pages no rlimit bounds), file locks (`flock`, and fcntl's lock and lease commands:
-# sandboxes share the read-only interpreter files, so a lock on one is seen by all), inotify and
-# fanotify (another sandbox's opens of those shared files). socket() only for AF_UNIX, AF_INET,
-# AF_INET6 and AF_NETLINK (no AF_VSOCK, ...). (audit arch, name -> number, socket, fcntl) per machine.
+# sandboxes share the read-only interpreter files, so a lock on one is seen by all), inotify,
+# fanotify and dnotify (another sandbox's opens and reads of those shared files). socket() only
+# for AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK (no AF_VSOCK, ...).
+# (audit arch, name -> number, socket, fcntl) per machine.
 _DENIED_SYSCALLS = {
     "x86_64": (
         0xC000003E,
@@ -119,8 +120,9 @@ _DENIED_SYSCALLS = {
     ),
 }
 _SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
-# F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE
-_FCNTL_LOCKS = (5, 6, 7, 36, 37, 38, 1024, 1025)
+# F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE,
+# F_NOTIFY (dnotify: another sandbox's reads in the shared directories)
+_FCNTL_LOCKS = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
 
 
 @functools.cache

@@ -912,7 +912,7 @@ def test_pid_1_is_out_of_reach_and_under_the_limits(box: Box):
 
 
 def test_small_channels_between_sandboxes_are_closed(box: Box):
-    """flock/fcntl locks and leases on the shared read-only files, inotify on them, memfd_secret,
+    """flock/fcntl locks and leases on the shared read-only files, d/inotify on them, memfd_secret,
     AF_VSOCK and other socket families: refused. Plain TCP and unix sockets still work."""
     program = textwrap.dedent(
         """
@@ -929,6 +929,8 @@ def test_small_channels_between_sandboxes_are_closed(box: Box):
         attempt("lockf", lambda: fcntl.lockf(open("mine", "w"), fcntl.LOCK_EX | fcntl.LOCK_NB))
         attempt("ofd", lambda: fcntl.fcntl(shared, 37, bytes(32)))
         attempt("lease", lambda: fcntl.fcntl(shared, 1024, fcntl.F_RDLCK))
+        directory = os.open(os.path.dirname(os.__file__), os.O_RDONLY)
+        attempt("dnotify", lambda: fcntl.fcntl(directory, 1026, 0x80000001))  # DN_ACCESS | DN_MULTISHOT
         def syscall(nr):
             def call():
                 if libc.syscall(nr, 0, 0, 0) < 0:
@@ -949,7 +951,8 @@ def test_small_channels_between_sandboxes_are_closed(box: Box):
     verdicts = dict(line.split() for line in result.stdout.splitlines())
     assert verdicts == {
         **dict.fromkeys(
-            ["flock", "lockf", "ofd", "lease", "inotify", "memfd_secret", "vsock", "packet"], "refused"
+            ["flock", "lockf", "ofd", "lease", "dnotify", "inotify", "memfd_secret", "vsock", "packet"],
+            "refused",
         ),
         "tcp": "allowed",
         "unix": "allowed",
