@@ -296,3 +296,28 @@ def test_an_unavailable_sandbox_is_announced_at_start_up(monkeypatch, caplog):
         sandbox._setup.cache_clear()
     assert warning is not None and "not_run" in warning and "bwrap not found" in warning
     assert caplog.records and caplog.records[0].getMessage() == warning
+
+
+def test_fleet_dev_warns_at_start_up_when_the_sandbox_is_unavailable(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from fleet_pipelines import stack
+    from fleet_pipelines.cli.dev import dev
+    from fleet_pipelines.scoring import sandbox
+
+    def fake_run_dev(*args: object) -> int:  # a fake: the stack itself is tests/integration/test_dev_stack.py
+        return 0
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    monkeypatch.setattr(stack, "run_dev", fake_run_dev)
+    monkeypatch.setattr(sandbox, "_bwrap", lambda: None)
+    sandbox._setup.cache_clear()
+    try:
+        done = CliRunner().invoke(dev, [])
+    finally:
+        monkeypatch.undo()
+        sandbox._setup.cache_clear()
+    assert done.exit_code == 0, done.output
+    assert (
+        done.stderr.startswith("fleet dev: warning: the sandbox is unavailable") and "not_run" in done.stderr
+    )
