@@ -400,12 +400,14 @@ def main():
 
 def run_script(env):
     """pid 1 forks the program and waits for it: the program is no pid 1 (so the kernel's
-    SIGXCPU and SIGXFSZ, and its own signals, act on it as on any process), and pid 1, which
-    it cannot write to (non-dumpable), reports its end as bwrap would: its exit code, or 128 + N
+    SIGXCPU and its own signals act on it as on any process), and pid 1, which it can neither
+    write to (non-dumpable) nor signal, reports its end as bwrap would: its exit code, or 128 + N
     when signal N killed it."""
     ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # then pid 1 ignores every signal the program sends
     program = os.fork()
     if program == 0:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # the program's own Python installs its handler
         python = sys.executable
         os.execve(python, [python, "-B", "-E", "-s", "main.py"], env)
     while True:  # orphans are reparented here: reap them too
