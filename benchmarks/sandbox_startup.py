@@ -6,8 +6,9 @@ loaded as a package from a temp dir beside the current one. Both run, alternatel
   - `pass` (`run_python`): the fixed cost of one sandbox run;
   - a solution with one example and one test: the previous harness (one process, result on
     stdout) against `run_tests` (solution and tests in separate processes, result on a private fd).
-Prints median and p90 per run and the difference in ms; also the one-off first-call cost (probe,
-and for bwrap the library scan). Asserts nothing.
+Prints median and p90 per run and the difference in ms (also the median of the differences of
+back-to-back pairs, steadier on a loaded machine); also the one-off first-call cost (probe, and
+for bwrap the library scan). Asserts nothing.
 
 Run as root from the repo root: .venv/bin/python benchmarks/sandbox_startup.py [runs] [commit]
 (e.g. `30 573a9a1`: the bwrap sandbox before issue 20's hardening)
@@ -95,6 +96,8 @@ def main() -> None:
                 new_s.append(timed(new))
             print(summary(f"{case}: {PREVIOUS}", old_s))
             print(summary(f"{case}: current", new_s))
+            paired = statistics.median(n - o for n, o in zip(new_s, old_s, strict=True)) * 1000
+            print(f"{case}: current - {PREVIOUS}, median of the paired (back-to-back) runs: {paired:+.1f} ms")
             delta = (statistics.median(new_s) - statistics.median(old_s)) * 1000
             print(
                 f"{case}: current - {PREVIOUS} = {delta:+.1f} ms per run (median), ratio "
