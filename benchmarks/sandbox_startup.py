@@ -1,14 +1,17 @@
-"""Sandbox start-up: the bubblewrap sandbox against the previous `unshare` one, in the same run.
+"""Sandbox start-up: the current sandbox against an earlier one, in the same run.
 
-The previous implementation (fleet_pipelines/scoring/sandbox.py and sandbox_init.py as of commit
-f2a999c, read from git) is loaded from a temp dir beside the current one. Both run, alternately:
+The earlier implementation (fleet_pipelines/scoring/ sandbox.py, sandbox_init.py and cgroups.py
+as of a commit, read from git: by default f2a999c, the `unshare` sandbox before bubblewrap) is
+loaded as a package from a temp dir beside the current one. Both run, alternately:
   - `pass` (`run_python`): the fixed cost of one sandbox run;
   - a solution with one example and one test: the previous harness (one process, result on
     stdout) against `run_tests` (solution and tests in separate processes, result on a private fd).
-Prints median and p90 per run and the difference in ms; also the one-off first-call cost (probe,
-and for bwrap the library scan). Asserts nothing.
+Prints median and p90 per run and the difference in ms (also the median of the differences of
+back-to-back pairs, steadier on a loaded machine); also the one-off first-call cost (probe, and
+for bwrap the library scan). Asserts nothing.
 
-Run as root from the repo root: .venv/bin/python benchmarks/sandbox_startup.py [runs]
+Run as root from the repo root: .venv/bin/python benchmarks/sandbox_startup.py [runs] [commit]
+(e.g. `30 573a9a1`: the bwrap sandbox before issue 20's hardening)
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from pathlib import Path
 
 from fleet_pipelines.scoring import sandbox
 
-PREVIOUS = "f2a999c"
 RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+PREVIOUS = sys.argv[2] if len(sys.argv) > 2 else "f2a999c"
 SOLUTION = "def add(a, b):\n    return a + b\n"
 TESTS = "def test_add():\n    assert add(2, 3) == 5\n"
 OLD_HARNESS = (  # what the previous tests check ran: one process, results printed
@@ -36,20 +39,20 @@ OLD_HARNESS = (  # what the previous tests check ran: one process, results print
 
 def load_previous(where: Path):
     repo = Path(__file__).resolve().parents[1]
-    for name in ("sandbox.py", "sandbox_init.py"):
-        text = subprocess.run(
+    package = where / "previous_scoring"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in ("sandbox.py", "sandbox_init.py", "cgroups.py"):
+        shown = subprocess.run(
             ["git", "show", f"{PREVIOUS}:fleet_pipelines/scoring/{name}"],
             cwd=repo,
             capture_output=True,
             text=True,
-            check=True,
-        ).stdout
-        (where / name).write_text(text)
-    spec = importlib.util.spec_from_file_location("previous_sandbox", where / "sandbox.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["previous_sandbox"] = module
-    spec.loader.exec_module(module)
-    return module
+        )
+        if shown.returncode == 0:  # cgroups.py came later than the first sandbox
+            (package / name).write_text(shown.stdout)
+    sys.path.insert(0, str(where))
+    return importlib.import_module("previous_scoring.sandbox")
 
 
 def timed(call) -> float:
@@ -68,15 +71,20 @@ def main() -> None:
         previous = load_previous(Path(where))
         first_old = timed(previous.isolation_available)
         first_new = timed(sandbox.isolation_available)
-        print(f"first call (probe): previous {first_old:.2f} s, bwrap {first_new:.2f} s (once per process)")
-        print(f"isolation: {sandbox.isolation_available()[1]}")
+        print(
+            f"first call (probe): {PREVIOUS} {first_old:.2f} s, current {first_new:.2f} s (once per process)"
+        )
+        print(f"isolation {PREVIOUS}: {previous.isolation_available()[1]}")
+        print(f"isolation current: {sandbox.isolation_available()[1]}")
         cases = {
             "pass": (
                 lambda: previous.run_python("pass"),
                 lambda: sandbox.run_python("pass"),
             ),
             "1 example + 1 test": (
-                lambda: previous.run_python(OLD_HARNESS, files={"solution.py": SOLUTION}),
+                (lambda: previous.run_tests(SOLUTION, [("add(1, 2)", "3")], TESTS))
+                if hasattr(previous, "run_tests")  # the bwrap sandbox's harness
+                else (lambda: previous.run_python(OLD_HARNESS, files={"solution.py": SOLUTION})),
                 lambda: sandbox.run_tests(SOLUTION, [("add(1, 2)", "3")], TESTS),
             ),
         }
@@ -86,11 +94,13 @@ def main() -> None:
             for _ in range(RUNS):
                 old_s.append(timed(old))
                 new_s.append(timed(new))
-            print(summary(f"{case}: previous (unshare)", old_s))
-            print(summary(f"{case}: bwrap", new_s))
+            print(summary(f"{case}: {PREVIOUS}", old_s))
+            print(summary(f"{case}: current", new_s))
+            paired = statistics.median(n - o for n, o in zip(new_s, old_s, strict=True)) * 1000
+            print(f"{case}: current - {PREVIOUS}, median of the paired (back-to-back) runs: {paired:+.1f} ms")
             delta = (statistics.median(new_s) - statistics.median(old_s)) * 1000
             print(
-                f"{case}: bwrap - previous = {delta:+.1f} ms per run (median), ratio "
+                f"{case}: current - {PREVIOUS} = {delta:+.1f} ms per run (median), ratio "
                 f"{statistics.median(new_s) / statistics.median(old_s):.2f}"
             )
 

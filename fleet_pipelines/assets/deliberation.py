@@ -325,6 +325,7 @@ def decision(
         {s.agent_id: s.score for s in scores},
         {s.agent_id: s.value("judge") for s in scores},
         council.quorum,
+        {s.agent_id: s.not_run() for s in scores},
     )
     # orchestration.deliberation.completed|failed, one per run (the failure sensor shares the key),
     # and the old collector's deliberation.completed|failed from the proposals.

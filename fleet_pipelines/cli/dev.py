@@ -22,8 +22,12 @@ import click
 )
 def dev(port: int, model_port: int, ray_port: int, nats_port: int) -> None:
     from .. import stack
+    from ..scoring.sandbox import unavailable_warning
     from ..settings import FleetSettings
     from .common import REPO_ROOT, dagster_home
+
+    if warning := unavailable_warning():
+        click.echo(f"fleet dev: warning: {warning}", err=True)
 
     home = dagster_home()
     ports = stack.DevPorts(ui=port, model=model_port, ray=ray_port, nats=nats_port)

@@ -25,6 +25,7 @@ class Decision(BaseModel):
     failed_agents: list[str]
     timed_out_agents: list[str]
     winner_content: str = ""  # the winning proposal's final version
+    winner_not_run: list[str] = []  # the winner's checks that could not run (no sandbox), with why
 
 
 def quorum_for(num_agents: int, quorum: int | None = None) -> int:
@@ -68,10 +69,13 @@ def decide(
     scores: Mapping[str, float],
     judge: Mapping[str, float | None] | None = None,
     quorum: int | None = None,
+    not_run: Mapping[str, Sequence[str]] | None = None,
 ) -> Decision:
     """COMPLETED: every agent delivered and no turn failed. PARTIAL: a quorum of agents have a
     final proposal but some turn failed or timed out. TIMEOUT: no quorum and the deadline cut
-    turns off. FAILED: no quorum otherwise (no usable proposal, or too few)."""
+    turns off. FAILED: no quorum otherwise (no usable proposal, or too few). `not_run`: per agent,
+    its checks that could not run (`ProposalScore.not_run`); the winner's are named in the
+    reasons (a winner chosen without its tests says so)."""
     quorum = quorum_for(len(council), quorum)
     judge = judge or {}
     failed = sorted({t.agent_id for t in turns if t.status is TurnStatus.FAILED})
@@ -103,6 +107,13 @@ def decide(
         tie = tie_reason(ranking, judge)
         if tie:
             reasons.insert(1, tie)
+        winner_not_run = list((not_run or {}).get(winner_id, ()))
+        if winner_not_run:
+            reasons.insert(
+                1, f"{winner_id} chosen without checks that could not run: {'; '.join(winner_not_run)}"
+            )
+    else:
+        winner_not_run = []
     return Decision(
         status=status,
         winner_id=winner_id,
@@ -113,4 +124,5 @@ def decide(
         failed_agents=failed,
         timed_out_agents=timed_out,
         winner_content=finals[winner_id].content if winner_id else "",
+        winner_not_run=winner_not_run,
     )

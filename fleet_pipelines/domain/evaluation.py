@@ -141,9 +141,10 @@ def empty_source(problem: Problem) -> str:
 
 def hidden_tests(problem: Problem) -> str:
     """Test code for the sandbox's harness (`run_tests`, the candidate as `solution.py`): the
-    hidden test's `check` called on the entry point. The test runs in the harness's test process,
-    where the candidate's names (the prompt's helpers too) are proxies to the candidate's process,
-    so nothing the candidate does can pass it but right answers."""
+    hidden test's `check` called on the entry point. The test runs in the harness's test process
+    with pristine builtins, where the candidate's functions it names (the prompt's helpers too) are
+    stubs whose results cross as plain data, so nothing the candidate does can pass it but right
+    answers."""
     return f"{problem.test}\n\ndef test_hidden():\n    check({problem.entry_point})\n"
 
 

@@ -1,8 +1,10 @@
 """Scoring of final proposals by checks that can fail.
 
 Each check returns a value in [0, 1], or None when it does not apply (no requirements given, no
-code to parse, tests not run), and the evidence that led to it. The score is the weighted mean of
-the checks that apply; a proposal with no text scores 0. Nothing here is a constant: every value
+code to parse), and the evidence that led to it. A check that applies but could not run (the
+sandbox unavailable: `not_run`) has no value, says so in its evidence, counts 0 in the score and
+fails the gate: it never helps. The score is the weighted mean of the checks that apply; a
+proposal with no text scores 0. Nothing here is a constant: every value
 is read off the proposal.
 
 The checks computed here are pure (code extraction and parsing, requirement coverage, sections).
@@ -84,8 +86,9 @@ class CodeBlock(BaseModel):
 
 class CheckResult(BaseModel):
     name: str
-    value: float | None  # None: the check does not apply to this proposal (or could not run)
+    value: float | None  # None: the check does not apply to this proposal, or could not run
     evidence: str  # the reason, in words
+    not_run: bool = False  # it applies but could not run (no sandbox): counts 0, fails the gate
     ran: str = ""  # what was run (command, program, prompt), when something was run
     output: str = ""  # an excerpt of what it printed or replied
 
@@ -111,6 +114,10 @@ class ProposalScore(BaseModel):
         check = self.check(name)
         return check.value if check else None
 
+    def not_run(self) -> list[str]:
+        """The checks that applied but could not run, each with why."""
+        return [f"{c.name} not run: {c.evidence}" for c in self.checks if c.not_run]
+
 
 GATE_CHECKS = ("code_parses", "runs", "tests")
 
@@ -123,7 +130,9 @@ def gate_failures(score: ProposalScore) -> list[str]:
         check = score.check(name)
         if check is None:
             continue
-        if check.value is None and check.ran:
+        if check.not_run:
+            failures.append(f"{name} not run: {check.evidence}")
+        elif check.value is None and check.ran:
             failures.append(f"{name}: {check.evidence}")
         elif check.value is not None and check.value < 1.0:
             failures.append(f"{name} = {check.value:.2f}: {check.evidence}")
@@ -331,7 +340,11 @@ def score_proposal(
     )
     checks.extend(tool_checks)
 
-    applicable = [(getattr(weights, c.name), c.value) for c in checks if c.value is not None]
+    applicable = [
+        (getattr(weights, c.name), 0.0 if c.not_run else c.value)
+        for c in checks
+        if c.value is not None or c.not_run
+    ]
     total_weight = sum(w for w, _ in applicable)
     score = sum(w * v for w, v in applicable) / total_weight if text and total_weight else 0.0
     return ProposalScore(

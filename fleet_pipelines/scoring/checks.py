@@ -101,7 +101,9 @@ def runs_check(code: str, issues: list[dict] | None, limits: SandboxLimits) -> C
     result = run.result
     ran = f"sandbox: import solution ({result.status}, {result.duration_s:.2f} s)"
     if result.status in ("not_run", "error"):
-        return CheckResult(name="runs", value=None, evidence=f"not run: {result.reason}", ran=ran)
+        return CheckResult(
+            name="runs", value=None, evidence=f"not_run: {result.reason}", ran=ran, not_run=True
+        )
     failed = [o for o in run.outcomes or [] if not o["passed"]]
     if failed or not run.complete:
         detail = failed[0]["detail"] if failed else f"{result.status}: {result.reason}"
@@ -130,13 +132,14 @@ def tests_check(task: Task, code: str, limits: SandboxLimits) -> CheckResult:
         f"sandbox: {len(examples)} example(s) + task tests against solution.py "
         f"({result.status}, {result.duration_s:.2f} s)"
     )
-    if result.status in ("not_run", "error"):
+    if result.status in ("not_run", "error"):  # "error": the host saw the sandbox's setup fail
         return CheckResult(
             name="tests",
             value=None,
-            evidence=f"not run: {result.reason}",
+            evidence=f"not_run: {result.reason}",
             ran=ran,
             output=result.stderr[-500:],
+            not_run=True,
         )
     isolation = f"isolation: {result.isolation}"
     if not run.outcomes or not run.complete:

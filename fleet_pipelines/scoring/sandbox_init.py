@@ -1,28 +1,41 @@
-"""The trusted program inside a sandbox (bound read-only at /fleet/init.py, run by bwrap's pid 1).
+"""The trusted program inside a sandbox (bound read-only at /fleet/init.py; the sandbox's pid 1).
 
-`python -I -S /fleet/init.py SPEC_FD [RESULT_FD]`, standard library only. It reads its spec (files,
-limits, what to run) from SPEC_FD and closes it, writes the files into the work dir, sets the
-per-process rlimits, then:
+`python -I -S /fleet/init.py MODE SPEC_FD READY_FD [RESULT_FD]`, standard library only. bwrap runs
+it as the sandbox's pid 1 (`--as-pid-1`: no bwrap init the solution could write to). It reads its
+spec (files, limits, what to run) from SPEC_FD, writes the files into the work dir, sets the
+rlimits on itself (so every process of the sandbox, pid 1 included, runs under them), writes one
+byte to READY_FD and closes it, and only then lets the solution's code run. The host reads
+READY_FD: a run whose byte never came failed in setup (bwrap or this program), before any code of
+the solution ran; nothing of the solution can ever write to it.
 
-- **script** (`run_python`): execs Python on `main.py`; the exit code is the result;
+- **script** (`run_python`): runs Python on `main.py` in a child (`run_script`); its exit code
+  is the result;
 - **tests** (`run_tests`): forks the *solution process* (`serve`) first, before the spec is read
   (so no test code is in its memory), which keeps only its end of a socket pair and the sandbox's
   stdout/stderr; then becomes the *test process*: it marks itself non-dumpable (so the solution
-  can neither ptrace it nor open its /proc/<pid>/fd or mem), writes the files, tells the solution
-  process to import `solution.py`, and runs
-  the task's examples and tests here against proxies of the solution's names. Every call into
-  the solution is a request over the socket; values come back as plain builtins (a copy, so an
-  object with a forged `__eq__` cannot pass an assertion against a plain value) or as a handle
-  to an object that stays in the solution process. Outcomes go, one JSON line each, to RESULT_FD,
-  which only this process holds: whatever the solution prints, or however it exits, it cannot
-  write a result.
+  can neither ptrace it nor open its /proc/<pid>/fd or mem), ignores SIGINT (pid 1 of the pid
+  namespace then ignores every signal the solution can send), writes the files, tells the
+  solution process to import `solution.py`, and runs the task's examples and tests here.
+
+The tests run with pristine builtins (the test process never imports the solution) in a namespace
+of their own. A name the tests use that is neither theirs nor a builtin is looked up in the
+solution (an *entry point*): a function becomes a local stub whose calls are requests over the
+socket, a value comes across as a copy. Everything crossing is **plain data** (None, bool, int,
+float, complex, str, bytes, bytearray, and lists, tuples, dicts, sets and frozensets of these),
+rebuilt here from JSON with exact builtin types before any test sees it: no object of the
+solution's ever reaches a test's operators, and nothing of the test's (the expected value) is
+handed to the solution except the arguments it calls with. A value that is not plain data (an
+instance of the solution's class, a generator, a function) raises `NotPlainData` in the test,
+which fails that test; a test that passes a callable or any other non-plain argument to the
+solution fails the same way. Outcomes go, one JSON line each, to RESULT_FD, which only the test
+process holds: whatever the solution prints, or however it exits, it cannot write a result.
 """
 
 import binascii
 import builtins
 import ctypes
+import io
 import json
-import operator
 import os
 import resource
 import signal
@@ -67,134 +80,107 @@ def recv(sock):
     return json.loads(_recv_exact(sock, size))
 
 
-def encode(value, as_ref, depth=0):
-    """Plain builtins (exact types rebuilt from subclasses) as JSON; anything else via `as_ref`."""
-    if value is None or isinstance(value, (bool, str)):
-        return str(value) if isinstance(value, str) and type(value) is not str else value
-    if isinstance(value, int):
-        return int.__index__(value)
-    if isinstance(value, float):
-        return float.__float__(value)
+class NotPlainData(Exception):
+    """A value that is not plain data: it cannot cross between the solution and the tests."""
+
+
+def encode(value, depth=0):
+    """Plain data as JSON (tagged lists for containers, bytes and complex); exact builtin types
+    only, read through the builtin types' own methods (a subclass cannot answer for itself)."""
     if depth > MAX_DEPTH:
-        return as_ref(value)
+        raise NotPlainData(f"nested deeper than {MAX_DEPTH}")
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        return value
+    if kind is int:
+        return value
+    if kind is float:
+        return value
     d = depth + 1
-    if isinstance(value, complex):
-        return ["c", complex.__complex__(value).real, complex.__complex__(value).imag]
-    if isinstance(value, (bytes, bytearray)):
-        return ["b" if isinstance(value, bytes) else "ba", binascii.b2a_base64(bytes(value)).decode()]
-    if isinstance(value, tuple):
-        return ["t", [encode(v, as_ref, d) for v in tuple.__iter__(value)]]
-    if isinstance(value, list):
-        return ["l", [encode(v, as_ref, d) for v in list.__iter__(value)]]
-    if isinstance(value, (set, frozenset)):
-        tag = "s" if isinstance(value, set) else "f"
-        return [tag, [encode(v, as_ref, d) for v in list(value)]]
-    if isinstance(value, dict):
-        return ["d", [[encode(k, as_ref, d), encode(v, as_ref, d)] for k, v in dict.items(value)]]
-    return as_ref(value)
+    if kind is complex:
+        return ["c", value.real, value.imag]
+    if kind is bytes or kind is bytearray:
+        return ["b" if kind is bytes else "ba", binascii.b2a_base64(bytes(value)).decode()]
+    if kind is tuple or kind is list:
+        return ["t" if kind is tuple else "l", [encode(v, d) for v in value]]
+    if kind is set or kind is frozenset:
+        return ["s" if kind is set else "f", [encode(v, d) for v in value]]
+    if kind is dict:
+        return ["d", [[encode(k, d), encode(v, d)] for k, v in value.items()]]
+    raise NotPlainData(f"a {kind.__name__} is not plain data")
 
 
-def decode(data, from_ref):
-    if not isinstance(data, list):
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def decode(data, depth=0):
+    """The plain value `data` encodes, rebuilt with exact builtin types; NotPlainData for
+    anything that is not a well-formed encoding (what the solution sends is not trusted)."""
+    if type(data) in _SCALARS:
         return data
-    tag = data[0]
-    if tag == "r":
-        return from_ref(data)
-    if tag == "c":
-        return complex(data[1], data[2])
-    if tag in ("b", "ba"):
-        raw = binascii.a2b_base64(data[1])
-        return raw if tag == "b" else bytearray(raw)
-    if tag == "d":
-        return {decode(k, from_ref): decode(v, from_ref) for k, v in data[1]}
-    items = [decode(v, from_ref) for v in data[1]]
-    return {"t": tuple, "l": list, "s": set, "f": frozenset}[tag](items)
+    if depth > MAX_DEPTH or type(data) is not list or not data or type(data[0]) is not str:
+        raise NotPlainData("malformed value from the solution process")
+    tag, d = data[0], depth + 1
+    try:
+        if tag == "c" and len(data) == 3 and all(type(x) in (int, float) for x in data[1:]):
+            return complex(data[1], data[2])
+        if tag in ("b", "ba") and len(data) == 2 and type(data[1]) is str:
+            raw = binascii.a2b_base64(data[1])
+            return raw if tag == "b" else bytearray(raw)
+        if len(data) == 2 and type(data[1]) is list:
+            if tag == "d":
+                pairs = [p for p in data[1] if type(p) is list and len(p) == 2]
+                if len(pairs) != len(data[1]):
+                    raise NotPlainData("malformed dict from the solution process")
+                return {decode(k, d): decode(v, d) for k, v in pairs}
+            if tag in ("t", "l", "s", "f"):
+                items = [decode(v, d) for v in data[1]]
+                return {"t": tuple, "l": list, "s": set, "f": frozenset}[tag](items)
+    except (TypeError, ValueError, binascii.Error) as exc:  # an unhashable key, bad base64
+        raise NotPlainData(f"malformed value from the solution process: {exc}") from None
+    raise NotPlainData(f"malformed value from the solution process (tag {tag!r})")
 
 
 # --- the solution process ---
 
-_BINARY = {
-    name: getattr(operator, name)
-    for name in (
-        "add sub mul truediv floordiv mod pow matmul and_ or_ xor lshift rshift "
-        "eq ne lt le gt ge getitem delitem contains"
-    ).split()
-}
-_UNARY = {
-    "len": len,
-    "iter": iter,
-    "next": next,
-    "bool": bool,
-    "repr": repr,
-    "str": str,
-    "hash": hash,
-    "int": int,
-    "float": float,
-    "index": operator.index,
-    "neg": operator.neg,
-    "pos": operator.pos,
-    "abs": abs,
-    "invert": operator.invert,
-}
-
 
 def serve(sock):
-    """Imports `solution` from the work dir and answers the test process's requests. Forked
-    before the spec is read, so nothing of the tests is in its memory; it waits for the files
-    and its limits."""
+    """Imports `solution` from the work dir and answers the test process's requests for its
+    names. Forked before the spec is read, so nothing of the tests is in its memory; it waits
+    for the files and its limits."""
     set_limits(recv(sock))
     builtins.exit = builtins.quit = sys.exit  # what `site` would give a program
-    handles = {}
-
-    def as_ref(obj):
-        handles[id(obj)] = obj
-        return ["r", id(obj), type(obj).__name__]
-
-    def from_ref(data):
-        return handles[data[1]]
-
     sys.path.insert(0, WORK)
     try:
         import solution
 
-        module = solution
-    except BaseException as exc:  # reported on the first request
-        module = exc
+        names, failure = vars(solution), None
+    except BaseException as exc:  # reported on every request
+        names, failure = {}, exc
     while True:
         try:
             request = recv(sock)
         except EOFError:
             return
         try:
-            if isinstance(module, BaseException):
-                raise module
-            kind = request[0]
-            if kind == "names":
-                public = {k: v for k, v in vars(module).items() if not k.startswith("__")}
-                result = {"solution": module, **public}
+            if failure is not None:
+                raise failure
+            kind, name = request[0], request[1]
+            if kind == "import":
+                reply = ["ok", None]
+            elif name not in names:
+                raise NameError(f"name {name!r} is not defined by the solution")
+            elif kind == "get":
+                value = names[name]
+                reply = ["callable"] if callable(value) else ["ok", encode(value)]
+            elif kind == "call":
+                args = [decode(a) for a in request[2]]
+                kwargs = {k: decode(v) for k, v in request[3]}
+                reply = ["ok", encode(names[name](*args, **kwargs))]
             else:
-                target = module if request[1] == 0 else handles[request[1]]
-                args = [decode(a, from_ref) for a in request[2]]
-                if kind == "get":
-                    result = getattr(target, *args)
-                elif kind == "set":
-                    setattr(target, *args)
-                    result = None
-                elif kind == "call":
-                    kwargs = {k: decode(v, from_ref) for k, v in request[3]}
-                    result = target(*args, **kwargs)
-                elif kind in _UNARY:
-                    result = _UNARY[kind](target)
-                elif kind in _BINARY:
-                    result = _BINARY[kind](target, *args)
-                elif kind.startswith("r") and kind[1:] in _BINARY:  # reflected: other <op> target
-                    result = _BINARY[kind[1:]](args[0], target)
-                elif kind == "setitem":
-                    operator.setitem(target, *args)
-                    result = None
-                else:
-                    raise ValueError(f"unknown request {kind!r}")
-            reply = ["ok", encode(result, as_ref)]
+                raise ValueError(f"unknown request {kind!r}")
+        except NotPlainData as exc:
+            reply = ["not plain", str(exc)]
         except BaseException as exc:
             reply = ["err", type(exc).__name__, str(exc)[:2000], traceback.format_exc(limit=4)[-2000:]]
         send(sock, reply)
@@ -207,136 +193,86 @@ class SolutionError(Exception):
     """An exception of the solution that has no builtin counterpart, or the solution's death."""
 
 
-class Remote:
-    """An object that lives in the solution process; every use is a request."""
-
-    __slots__ = ("_rid", "_rtype")
-
-    def __init__(self, rid, rtype):
-        object.__setattr__(self, "_rid", rid)
-        object.__setattr__(self, "_rtype", rtype)
-
-    def __getattr__(self, name):
-        return _client.request("get", self, name)
-
-    def __setattr__(self, name, value):
-        _client.request("set", self, name, value)
-
-    def __call__(self, *args, **kwargs):
-        return _client.request("call", self, *args, kwargs=kwargs)
-
-    def __setitem__(self, key, value):
-        _client.request("setitem", self, key, value)
-
-    def __delitem__(self, key):
-        _client.request("delitem", self, key)
-
-    def __repr__(self):
-        return _checked(_client.request("repr", self), str)
-
-    def __str__(self):
-        return _checked(_client.request("str", self), str)
-
-    def __hash__(self):
-        return _checked(_client.request("hash", self), int)
-
-    def __len__(self):
-        return _checked(_client.request("len", self), int)
-
-    def __bool__(self):
-        return _checked(_client.request("bool", self), bool)
-
-    def __int__(self):
-        return _checked(_client.request("int", self), int)
-
-    def __index__(self):
-        return _checked(_client.request("index", self), int)
-
-    def __float__(self):
-        return _checked(_client.request("float", self), float)
-
-    def __contains__(self, item):
-        return bool(_client.request("contains", self, item))
-
-
-def _checked(value, kind):
-    if type(value) is not kind:
-        raise TypeError(f"the solution returned {type(value).__name__} where {kind.__name__} is required")
-    return value
-
-
-def _unary(name):
-    return lambda self: _client.request(name, self)
-
-
-def _binary(name):
-    return lambda self, other: _client.request(name, self, other)
-
-
-def _comparison(name):
-    def compare(self, other):
-        # Delegated only between two solution objects: a solution object compared with a plain
-        # value is never equal (or ordered), so an always-true __eq__ cannot pass an assertion.
-        if not isinstance(other, Remote):
-            return NotImplemented
-        return bool(_client.request(name, self, other))
-
-    return compare
-
-
-for _name in ("iter", "next", "neg", "pos", "abs", "invert"):
-    setattr(Remote, f"__{_name}__", _unary(_name))
-for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    setattr(Remote, f"__{_name}__", _comparison(_name))
-for _name in "add sub mul truediv floordiv mod pow matmul and_ or_ xor lshift rshift getitem".split():
-    dunder = _name.rstrip("_")
-    setattr(Remote, f"__{dunder}__", _binary(_name))
-    if _name != "getitem":
-        setattr(Remote, f"__r{dunder}__", _binary("r" + _name))
-
-
 class Client:
+    """The test process's side of the socket: requests for the solution's names."""
+
     def __init__(self, sock, process):
         self.sock = sock
         self.process = process
         self.dead = None
 
-    def _as_ref(self, value):
-        if isinstance(value, Remote):
-            return ["r", value._rid]
-        raise TypeError(f"a {type(value).__name__} cannot be passed to the solution process")
-
-    def _from_ref(self, data):
-        return Remote(data[1], data[2])
-
-    def request(self, kind, target, *args, kwargs=None):
+    def request(self, message):
         if self.dead:
             raise SolutionError(self.dead)
-        message = [kind, 0 if target is None else target._rid, [encode(a, self._as_ref) for a in args]]
-        if kind == "call":
-            message.append([[k, encode(v, self._as_ref)] for k, v in (kwargs or {}).items()])
         try:
             send(self.sock, message)
             reply = recv(self.sock)
         except (OSError, EOFError, ValueError) as exc:
             self.dead = f"the solution process is gone: {exit_description(self.process)} ({exc})"
             raise SolutionError(self.dead) from None
-        if reply[0] == "ok":
-            return decode(reply[1], self._from_ref)
-        _, name, message_text, remote_traceback = reply
-        kind_ = getattr(builtins, name, None)
-        if isinstance(kind_, type) and issubclass(kind_, Exception) and kind_ is not SystemExit:
-            try:
-                exc = kind_(message_text)
-            except Exception:
-                exc = SolutionError(f"{name}: {message_text}")
-        else:
-            exc = SolutionError(f"{name}: {message_text}")
-        exc.add_note("in the solution process:\n" + remote_traceback)
-        raise exc
+        if type(reply) is list and reply and reply[0] == "ok" and len(reply) == 2:
+            return decode(reply[1])
+        if reply == ["callable"] and message[0] == "get":
+            return entry_point(self, message[1])
+        if type(reply) is list and len(reply) == 2 and reply[0] == "not plain" and type(reply[1]) is str:
+            raise NotPlainData(f"the solution returned {reply[1][:200]}")
+        if (
+            type(reply) is list
+            and len(reply) == 4
+            and reply[0] == "err"
+            and all(type(x) is str for x in reply)
+        ):
+            raise remote_exception(*reply[1:])
+        raise NotPlainData("malformed reply from the solution process")
+
+    def call(self, name, args, kwargs):
+        try:
+            wire_args = [encode(a) for a in args]
+            wire_kwargs = [[k, encode(v)] for k, v in kwargs.items()]
+        except NotPlainData as exc:
+            raise NotPlainData(f"only plain data can be passed to the solution: {exc}") from None
+        return self.request(["call", name, wire_args, wire_kwargs])
 
 
-_client = None
+def remote_exception(name, text, remote_traceback):
+    """The solution's exception as the builtin exception of that name (pristine: the test
+    process's own), else a SolutionError; the solution's traceback as a note."""
+    kind = getattr(builtins, name, None) if name.isidentifier() else None
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        try:
+            exc = kind(text)
+        except Exception:
+            exc = SolutionError(f"{name}: {text}")
+    else:
+        exc = SolutionError(f"{name}: {text}")
+    exc.add_note("in the solution process:\n" + remote_traceback)
+    return exc
+
+
+def entry_point(client, name):
+    """A function of the solution, as the tests see it: a stub of the test process."""
+
+    def call(*args, **kwargs):
+        return client.call(name, args, kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+class EntryPoints(dict):
+    """The tests' builtins: the pristine builtins, then the solution's names on first use."""
+
+    def __init__(self, client):
+        super().__init__(vars(builtins))
+        self.client = client
+
+    def __missing__(self, name):
+        try:
+            value = self.client.request(["get", name])
+        except NameError:
+            raise KeyError(name) from None
+        self[name] = value
+        return value
 
 
 _exits = {}
@@ -363,22 +299,22 @@ def exit_description(pid):
 
 def run_tests(spec, result_fd, ours, process):
     """The test process: `process` is the solution process's pid, `ours` our end of its socket."""
-    global _client
     send(ours, spec["limits"])  # the files are written: the solution process may import now
-    _client = Client(ours, process)
-    sys.stdout = sys.stderr  # prints of the tests go to stderr; results never go to a stream
+    client = Client(ours, process)
+    sys.stdout = sys.stderr = io.StringIO()  # the tests' prints stay here, out of the solution's reach
 
     def record(name, passed, detail=""):
         line = json.dumps({"name": name, "passed": passed, "detail": detail[-600:]})
         os.write(result_fd, (line + "\n").encode())
 
     try:
-        names = _client.request("names", None)
+        client.request(["import", ""])
+        imported = True
     except BaseException:
         record("import solution", False, traceback.format_exc(limit=3))
-        names = None
-    if names is not None:
-        namespace = dict(names)
+        imported = False
+    if imported:
+        namespace = {"__name__": "fleet_tests", "__builtins__": EntryPoints(client)}
         for call, expected in spec["examples"]:
             try:
                 got, want = eval(call, namespace), eval(expected, namespace)
@@ -386,14 +322,12 @@ def run_tests(spec, result_fd, ours, process):
             except BaseException:
                 record(f"example: {call}", False, traceback.format_exc(limit=2))
         if spec["tests"]:
-            namespace.update(__name__="fleet_tests")
             try:
                 exec(compile(spec["tests"], "tests.py", "exec"), namespace)
             except BaseException:
                 record("tests (top level)", False, traceback.format_exc(limit=3))
             else:
                 functions = [(k, v) for k, v in namespace.items() if k.startswith("test_") and callable(v)]
-                functions = [(k, v) for k, v in functions if not isinstance(v, Remote)]
                 if not functions:
                     record("tests (top level)", True)
                 for name, function in functions:
@@ -433,14 +367,14 @@ def write_files(files):
 
 
 def main():
-    mode, spec_fd = sys.argv[1], int(sys.argv[2])
+    mode, spec_fd, ready_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     if mode == "tests":
-        result_fd = int(sys.argv[3])
+        result_fd = int(sys.argv[4])
         ours, theirs = socket.socketpair()
         process = os.fork()  # before the spec is read: the solution process never holds it
         if process == 0:
-            os.close(spec_fd)
-            os.close(result_fd)
+            for fd in (spec_fd, ready_fd, result_fd):
+                os.close(fd)
             ours.close()
             try:
                 serve(theirs)
@@ -448,18 +382,39 @@ def main():
                 os._exit(0)
         theirs.close()
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with os.fdopen(spec_fd, "rb") as f:
             spec = json.loads(f.read())
         write_files(spec["files"])
         set_limits(spec["limits"])
+        os.write(ready_fd, b"R")  # from here on the solution's code may run
+        os.close(ready_fd)
     except BaseException as exc:
         print(f"sandbox setup failed: {exc!r}", file=sys.stderr)
         os._exit(SETUP_FAILED)
     if mode == "tests":
         run_tests(spec, result_fd, ours, process)
-    python = sys.executable
-    os.execve(python, [python, "-B", "-E", "-s", "main.py"], spec["env"])
+    run_script(spec["env"])
+
+
+def run_script(env):
+    """pid 1 forks the program and waits for it: the program is no pid 1 (so the kernel's
+    SIGXCPU and its own signals act on it as on any process), and pid 1, which it can neither
+    write to (non-dumpable) nor signal, reports its end as bwrap would: its exit code, or 128 + N
+    when signal N killed it."""
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # then pid 1 ignores every signal the program sends
+    program = os.fork()
+    if program == 0:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # the program's own Python installs its handler
+        python = sys.executable
+        os.execve(python, [python, "-B", "-E", "-s", "main.py"], env)
+    while True:  # orphans are reparented here: reap them too
+        pid, status = os.waitpid(-1, 0)
+        if pid == program:
+            break
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
 if __name__ == "__main__":

