@@ -116,6 +116,66 @@ class Constraints(BaseModel):
     )
 
 
+MAX_REPO_URL_CHARS = 2_000
+MAX_COMMAND_CHARS = 1_000
+GIT_REF_PATTERN = r"^[A-Za-z0-9._/@{}^~+-]{1,256}$"
+
+
+def _no_credentials(url: str) -> str:
+    """A repository URL never carries a secret: a token comes from the environment (`repos.token_env`)."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest.split("/", 1)[0] and scheme.lower() in ("http", "https"):
+        raise ValueError(
+            "the repository URL must not carry credentials; give a private remote's token in the "
+            "environment variable the deployment names (FLEET_GIT_TOKEN by default)"
+        )
+    return url
+
+
+def _relative_path(path: str) -> str:
+    """A folder inside the repository: relative, without `..`."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if path.startswith("/") or ".." in parts:
+        raise ValueError(f"{path!r} must be a folder inside the repository (relative, no '..')")
+    return "/".join(parts)
+
+
+class RepoSpec(BaseModel):
+    """The repository a council changes: where it is, which commit, and how its tests run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: Annotated[str, AfterValidator(_no_credentials)] = Field(
+        min_length=1,
+        max_length=MAX_REPO_URL_CHARS,
+        description="Any git URL (https://, ssh://, file://) or a local path to a git repository.",
+    )
+    ref: str = Field(
+        default="HEAD",
+        pattern=GIT_REF_PATTERN,
+        description="Branch, tag or commit; the commit it resolves to is recorded by the workspace.",
+    )
+    subdir: Annotated[str, AfterValidator(_relative_path)] = Field(
+        default="",
+        max_length=256,
+        description="Where the project lies inside the repository (tests run there); empty: the root.",
+    )
+    test_command: str = Field(
+        default="python -m pytest -q",
+        min_length=1,
+        max_length=MAX_COMMAND_CHARS,
+        description="The repository's test command, an argv (shell-split, no shell features); run "
+        "in the sandbox in a copy of the workspace.",
+    )
+    setup_command: str = Field(
+        default="",
+        max_length=MAX_COMMAND_CHARS,
+        description="Extra pip requirement specifiers installed into the workspace's environment "
+        "besides the repository's declared dependencies (the one step that may use the network).",
+    )
+    submodules: bool = Field(default=False, description="Check out the repository's submodules too.")
+
+
 class Task(BaseModel):
     """One deliberation: a description, the council's role and size, and its constraints."""
 
@@ -131,6 +191,10 @@ class Task(BaseModel):
         default=1, ge=0, le=MAX_ROUNDS, description=f"Review rounds after the proposals (0-{MAX_ROUNDS})."
     )
     constraints: Constraints = Field(default_factory=Constraints)
+    repo: RepoSpec | None = Field(
+        default=None,
+        description="A repository the council changes: proposals are patches scored by its own tests.",
+    )
     story_id: str | None = Field(default=None, max_length=256, description="Story the task belongs to.")
     plan_id: str | None = Field(default=None, max_length=256, description="Plan the task belongs to.")
     story_title: str | None = Field(

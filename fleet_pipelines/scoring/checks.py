@@ -38,7 +38,7 @@ JUDGE_AGENT_ID = "judge"
 _EXCERPT = 1_500
 
 
-def _ruff() -> str | None:
+def ruff_binary() -> str | None:
     beside = Path(sys.executable).with_name("ruff")
     return str(beside) if beside.exists() else shutil.which("ruff")
 
@@ -46,7 +46,7 @@ def _ruff() -> str | None:
 def ruff_issues(code: str) -> tuple[list[dict] | None, str]:
     """ruff's findings on the code (None when ruff could not run or its output is unreadable), and
     what was run or why not."""
-    ruff = _ruff()
+    ruff = ruff_binary()
     if ruff is None:
         return None, "not run: ruff is not installed"
     argv = [ruff, "check", "--isolated", "--select", RUFF_RULES, "--output-format", "json"]
