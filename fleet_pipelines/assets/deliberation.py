@@ -24,6 +24,7 @@ from ..domain.deliberation import TurnRunner, current_versions, proposal_request
 from ..domain.models import Task, TurnKind, TurnResult, flat_task_fields, validation_message
 from ..domain.prompts import feedback_block
 from ..domain.scoring import CheckResult, ProposalScore, gate_failures
+from ..domain.workspace import Workspace, extract_patch, rationale_of
 from ..events.outbound import (
     collector_event,
     decision_outcome,
@@ -35,11 +36,15 @@ from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
 from ..resources.turns import TurnRunnerResource
 from ..scoring.checks import execution_checks, score_finals
+from ..workspace.checkout import CheckoutError
+from ..workspace.checks import patch_checker
+from ..workspace.view import prompt_view
 from . import DELIBERATION_JOB
 from .partitions import GROUP, deliberation_partitions
 from .previews import table, turns_metadata
 from .progress import TurnProgress
 from .story import report_story_decision, story_context
+from .workspace import workspace as workspace_asset
 
 
 def _config_type(annotation: Any) -> Any:
@@ -138,18 +143,25 @@ def deliberation_task(context: dg.AssetExecutionContext, config: DeliberationCon
     )
 
 
+def _in_context(task: Task, story: StoryContext, workspace: Workspace) -> Task:
+    """The task as the prompts show it: the story's context and, for a repository, its workspace."""
+    view = prompt_view(workspace) if workspace.active else ""
+    return task.model_copy(update={"context": story, "workspace_view": view})
+
+
 @dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"ray"})
 def proposals(
     context: dg.AssetExecutionContext,
     deliberation_task: Task,
     story_context: StoryContext,
+    workspace: Workspace,
     council: CouncilResource,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
 ) -> dg.Output[list[TurnResult]]:
     """Round 0: every agent of the council writes a proposal, all turns in one batch, the story's
-    context in its prompt."""
-    convened = council.convene(deliberation_task.model_copy(update={"context": story_context}))
+    context (and a repository task's workspace) in its prompt."""
+    convened = council.convene(_in_context(deliberation_task, story_context, workspace))
     task, settings, agents = convened.task, convened.settings, convened.agents
     with _live_turns(context, turn_runner, nats, task, convened.engine) as run_turns:
         results = run_turns(proposal_requests(task, agents, settings))
@@ -164,20 +176,23 @@ def reviews(
     context: dg.AssetExecutionContext,
     deliberation_task: Task,
     story_context: StoryContext,
+    workspace: Workspace,
     proposals: list[TurnResult],
     council: CouncilResource,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
 ) -> dg.Output[list[TurnResult]]:
     """R rounds: each agent critiques its peers' current proposals, then revises its own, seeing
-    its own code's check results where execution feedback is on for the role."""
-    convened = council.convene(deliberation_task.model_copy(update={"context": story_context}))
+    its own code's check results (a repository task: its patch's) where execution feedback is on
+    for the role."""
+    convened = council.convene(_in_context(deliberation_task, story_context, workspace))
     task, settings, agents = convened.task, convened.settings, convened.agents
     limits = council.sandbox.to_model()
+    run_checks = _code_checker(council, workspace)
     shown: list[tuple[str, list[CheckResult]]] = []
 
     def check_code(task: Task, text: str) -> list[CheckResult]:
-        checks = execution_checks(task, text, limits)
+        checks = run_checks(task, text) if run_checks else execution_checks(task, text, limits)
         shown.append((text, checks))
         return checks
 
@@ -207,6 +222,23 @@ def _feedback_md(
     return "\n\n".join(sections) or "_no execution feedback (off for this role, or no review round)_"
 
 
+def _code_checker(council: CouncilResource, workspace: Workspace):
+    """A repository task's patch checks (None: the code-block checks)."""
+    return patch_checker(workspace, council.repos.run_limits()) if workspace.active else None
+
+
+def patches_md(finals: dict[str, TurnResult]) -> str:
+    """Each final proposal's rationale and its patch as a diff block."""
+    sections = []
+    for agent_id, final in finals.items():
+        patch = extract_patch(final.content)
+        diff = f"```diff\n{patch}```" if patch else "_no unified diff_"
+        sections.append(
+            f"### {agent_id} (round {final.round})\n\n{rationale_of(final.content)[:1_500]}\n\n{diff}"
+        )
+    return "\n\n".join(sections) or "_no proposal_"
+
+
 def _critiques_received(history: Sequence[TurnResult], agent_id: str) -> list[TurnResult]:
     return [t for t in history if t.kind is TurnKind.CRITIQUE and t.ok and t.target_agent_id == agent_id]
 
@@ -215,6 +247,7 @@ def _critiques_received(history: Sequence[TurnResult], agent_id: str) -> list[Tu
 def scores(
     context: dg.AssetExecutionContext,
     deliberation_task: Task,
+    workspace: Workspace,
     proposals: list[TurnResult],
     reviews: list[TurnResult],
     council: CouncilResource,
@@ -236,9 +269,11 @@ def scores(
             council.sandbox.to_model(),
             run_turns,
             convened.judge_max_tokens,
+            _code_checker(council, workspace),
         )
+    patches = {"patches": dg.MetadataValue.md(patches_md(finals))} if workspace.active else {}
     if not scored:
-        return dg.Output(scored, metadata={"scores": dg.MetadataValue.text("no usable proposal")})
+        return dg.Output(scored, metadata={"scores": dg.MetadataValue.text("no usable proposal"), **patches})
     ranking = rank(
         {s.agent_id: s.score for s in scored}, agents, {s.agent_id: s.value("judge") for s in scored}
     )
@@ -265,6 +300,7 @@ def scores(
                 rows, ["rank", "agent_id", "score", *check_columns, "code_blocks", "final_round"]
             ),
             "winner_proposal": dg.MetadataValue.md(f"## {top.agent_id}\n\n{top.content}"),
+            **patches,
             "evidence": dg.MetadataValue.json(
                 {s.agent_id: [c.model_dump() for c in s.checks] for s in scored}
             ),
@@ -307,6 +343,7 @@ WINNER_CHECK = dg.AssetCheckSpec(
 def decision(
     context: dg.AssetExecutionContext,
     deliberation_task: Task,
+    workspace: Workspace,
     proposals: list[TurnResult],
     reviews: list[TurnResult],
     scores: list[ProposalScore],
@@ -327,6 +364,8 @@ def decision(
         council.quorum,
         {s.agent_id: s.not_run() for s in scores},
     )
+    if workspace.active:
+        result = _with_patch(context, council, task, workspace, result)
     # orchestration.deliberation.completed|failed, one per run (the failure sensor shares the key),
     # and the old collector's deliberation.completed|failed from the proposals.
     duration_ms = (time.time() - _run_started(context)) * 1000
@@ -347,11 +386,42 @@ def decision(
             "winner": result.winner_id or "none",
             "ranking": dg.MetadataValue.md(ranking_md),
             "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in result.reasons)),
+            **(
+                {
+                    "winning_patch": dg.MetadataValue.md(f"```diff\n{result.winner_patch}```"),
+                    "base_commit": result.base_commit,
+                    "pushed_branch": result.pushed_branch or "not pushed",
+                }
+                if result.winner_patch
+                else {}
+            ),
             OUTCOME: outcome_metadata(task, result, turns),  # what the decision log keeps
         },
     )
     yield quorum_met(result)
     yield winner_passes_checks(result, scores)
+
+
+def _with_patch(
+    context: dg.AssetExecutionContext,
+    council: CouncilResource,
+    task: Task,
+    workspace: Workspace,
+    result: Decision,
+) -> Decision:
+    """A repository task's decision: the winning patch, pushed as `fleet/{task_id}` where a remote
+    is configured (a push that fails is a reason, not a failed decision)."""
+    patch = extract_patch(result.winner_content) if result.winner_id else ""
+    update: dict[str, Any] = {"winner_patch": patch, "base_commit": workspace.commit}
+    if patch and council.repos.push_remote:
+        message = f"fleet: {task.task_id} ({result.winner_id})\n\n{task.description[:500]}"
+        try:
+            update["pushed_branch"] = council.repos.push(workspace, patch, message)
+        except CheckoutError as exc:
+            update["reasons"] = [*result.reasons, f"push of the winning patch failed: {exc}"]
+        else:
+            context.log.info(f"winning patch pushed as {update['pushed_branch']}")
+    return result.model_copy(update=update)
 
 
 def quorum_met(decision: Decision) -> dg.AssetCheckResult:
@@ -392,7 +462,15 @@ def winner_passes_checks(decision: Decision, scores: Sequence[ProposalScore]) ->
     )
 
 
-deliberation_assets = [deliberation_task, story_context, proposals, reviews, scores, decision]
+deliberation_assets = [
+    deliberation_task,
+    story_context,
+    workspace_asset,
+    proposals,
+    reviews,
+    scores,
+    decision,
+]
 
 
 def build_deliberation_job(engine_id: str | None = None) -> "dg.UnresolvedAssetJobDefinition":

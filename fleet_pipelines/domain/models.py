@@ -215,6 +215,11 @@ class Task(BaseModel):
         description="The story's context as the prompts show it: assembled by the `story_context` "
         "asset, never part of a task's flat form.",
     )
+    workspace_view: str = Field(
+        default="",
+        description="A repository task's workspace as the prompts show it (commit, baseline tests, "
+        "files): assembled by the `workspace` asset, never part of a task's flat form.",
+    )
 
     @classmethod
     def from_fields(cls, task_id: str, fields: Mapping[str, Any]) -> Task:
@@ -227,11 +232,12 @@ class Task(BaseModel):
 
     def fields(self) -> dict[str, Any]:
         """The flat form (JSON values) without the task id: what `from_fields` reads back."""
-        flat = self.model_dump(mode="json", exclude={"task_id", "constraints", "context"})
+        flat = self.model_dump(mode="json", exclude={"task_id", *ASSEMBLED_FIELDS})
         return {**flat, **self.constraints.model_dump(mode="json")}
 
 
 CONSTRAINT_FIELDS = frozenset(Constraints.model_fields)
+ASSEMBLED_FIELDS = ("constraints", "context", "workspace_view")  # not fields of the flat form
 STORY_FIELDS = ("story_id", "plan_id", "story_title", "story_description", "acceptance_criteria")
 """The plan's fields that every task of the plan shares: a planned task does not give its own."""
 
@@ -249,7 +255,7 @@ def flat_task_fields() -> dict[str, tuple[Any, FieldInfo]]:
     fields = {
         name: (info.annotation, info)
         for name, info in Task.model_fields.items()
-        if name not in ("task_id", "constraints", "context")
+        if name not in ("task_id", *ASSEMBLED_FIELDS)
     }
     fields.update({name: (info.annotation, info) for name, info in Constraints.model_fields.items()})
     return fields

@@ -167,3 +167,27 @@ def bounded_patch(patch: str, limit: int = INLINE_PATCH_CHARS) -> tuple[str, boo
         return patch, False
     cut = patch.rfind("\n", 0, limit)
     return patch[: cut + 1 if cut > 0 else limit], True
+
+
+def workspace_view(workspace: Workspace, contents: dict[str, str], max_chars: int = 8_000) -> str:
+    """The repository as the prompts show it: commit, test command and baseline result, the file
+    list, then the `contents` given (path -> text), each whole or left out, within `max_chars`."""
+    lines = [f"Repository {workspace.url} at commit {workspace.commit[:12]} ({workspace.ref})."]
+    lines.append(f"Test command: {workspace.test_command}")
+    base = workspace.baseline
+    if base is not None:
+        counts = f" ({base.passed} passed, {base.failed} failing)" if base.counted else ""
+        lines.append(f"The tests now: {base.status}{counts}.")
+        if base.failing:
+            lines.append("Failing: " + ", ".join(base.failing[:10]))
+        if base.first_failure:
+            lines.append(f"First failure:\n{base.first_failure[:1_200]}")
+    listed = [f.path for f in workspace.files[:200]]
+    lines.append(f"Files ({workspace.file_count}):\n" + "\n".join(listed))
+    text = "\n".join(lines)
+    for path, body in contents.items():
+        block = f"\n\n--- {path} ---\n{body}"
+        if len(text) + len(block) > max_chars:
+            continue
+        text += block
+    return text

@@ -131,7 +131,8 @@ REPO_CASES: tuple[RepoCase, ...] = (
     ),
     RepoCase(
         name="stats-mean",
-        description="tests/test_stats.py::test_mean fails: `mean` in stats.py divides by the wrong count. Fix it.",
+        description="tests/test_stats.py::test_mean fails: `mean` in stats.py divides by the wrong "
+        "count. Fix it.",
         files={
             "stats.py": _d('''
                 """Statistics."""

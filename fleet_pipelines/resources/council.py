@@ -14,6 +14,7 @@ from ..domain.councils import CouncilsFile, CouncilsFileError, EngineEntry, pars
 from ..domain.models import AgentSpec, Task, TurnKind
 from ..domain.scoring import ScoringWeights
 from .config import SandboxLimitsConfig, ScoringWeightsConfig
+from .repos import ReposConfig
 
 AGENT_TURN_KINDS = (TurnKind.PROPOSE, TurnKind.CRITIQUE, TurnKind.REVISE)
 
@@ -90,6 +91,11 @@ class CouncilResource(dg.ConfigurableResource):
     )
     sandbox: SandboxLimitsConfig = Field(
         default_factory=SandboxLimitsConfig, description="Limits of one sandboxed test run."
+    )
+    repos: ReposConfig = Field(
+        default_factory=ReposConfig,
+        description="Repository tasks: workspaces, their caps and run limits, where winning patches "
+        "are pushed.",
     )
     execution_feedback: bool | None = Field(
         default=None,

@@ -91,7 +91,7 @@ def git_env(home: str, token: str = "") -> dict[str, str]:
     return env
 
 
-def _git(git_dir: Path, env: dict[str, str], *args: str, stdin: bytes | None = None) -> bytes:
+def run_git(git_dir: Path, env: dict[str, str], *args: str, stdin: bytes | None = None) -> bytes:
     argv = ["git", "--git-dir", str(git_dir), *args]
     try:
         done = subprocess.run(argv, input=stdin, capture_output=True, env=env, timeout=GIT_TIMEOUT_S)
@@ -118,14 +118,14 @@ def fetch_commit(git_dir: Path, env: dict[str, str], url: str, ref: str) -> str:
     if url.startswith("-"):
         raise CheckoutError(f"not a repository URL: {url!r}")
     try:
-        _git(git_dir, env, "fetch", "--no-tags", "--depth", "1", "--", url, ref)
+        run_git(git_dir, env, "fetch", "--no-tags", "--depth", "1", "--", url, ref)
     except CheckoutError:
         if not _HEX.match(ref):
             raise
         # a commit id the remote does not serve by id: fetch its branches and tags, look it up
-        _git(git_dir, env, "fetch", "--tags", "--", url, "+refs/heads/*:refs/remotes/origin/*")
-        return _git(git_dir, env, "rev-parse", "--verify", f"{ref}^{{commit}}").decode().strip()
-    return _git(git_dir, env, "rev-parse", "--verify", "FETCH_HEAD^{commit}").decode().strip()
+        run_git(git_dir, env, "fetch", "--tags", "--", url, "+refs/heads/*:refs/remotes/origin/*")
+        return run_git(git_dir, env, "rev-parse", "--verify", f"{ref}^{{commit}}").decode().strip()
+    return run_git(git_dir, env, "rev-parse", "--verify", "FETCH_HEAD^{commit}").decode().strip()
 
 
 def _safe_path(path: str) -> bool:
@@ -147,7 +147,7 @@ def _symlink_inside(path: str, target: str) -> bool:
 
 def _tree(git_dir: Path, env: dict[str, str], commit: str) -> list[tuple[str, str, str, int]]:
     """(mode, object, path, size) of every entry of the commit's tree."""
-    out = _git(git_dir, env, "ls-tree", "-r", "-l", "-z", "--full-tree", commit)
+    out = run_git(git_dir, env, "ls-tree", "-r", "-l", "-z", "--full-tree", commit)
     entries = []
     for record in out.split(b"\0"):
         if not record:
@@ -161,7 +161,7 @@ def _tree(git_dir: Path, env: dict[str, str], commit: str) -> list[tuple[str, st
 def _read_blobs(git_dir: Path, env: dict[str, str], objects: list[str]) -> dict[str, bytes]:
     if not objects:
         return {}
-    out = _git(git_dir, env, "cat-file", "--batch", stdin="".join(f"{o}\n" for o in objects).encode())
+    out = run_git(git_dir, env, "cat-file", "--batch", stdin="".join(f"{o}\n" for o in objects).encode())
     blobs: dict[str, bytes] = {}
     position = 0
     for obj in objects:
@@ -224,7 +224,7 @@ def _write_tree(
             continue
         sub_git = Path(tempfile.mkdtemp(prefix="fleet-submodule-"))
         try:
-            _git(sub_git, env, "init", "--bare", "--quiet", "--template=")
+            run_git(sub_git, env, "init", "--bare", "--quiet", "--template=")
             fetched = fetch_commit(sub_git, env, normalize_url(sub_url, url), gitlink)
             (target / path).mkdir(parents=True, exist_ok=True)
             _write_tree(
@@ -250,7 +250,7 @@ def _write_tree(
 
 def _submodule_url(git_dir: Path, env: dict[str, str], commit: str, path: str) -> str | None:
     try:
-        out = _git(
+        out = run_git(
             git_dir,
             env,
             "config",
@@ -293,13 +293,10 @@ def checkout(
         home = Path(scratch) / "home"
         home.mkdir()
         env = git_env(str(home), token)
-        _git(git_dir, env, "init", "--bare", "--quiet", "--template=")
+        run_git(git_dir, env, "init", "--bare", "--quiet", "--template=")
         commit = fetch_commit(git_dir, env, url, ref)
         result = Checkout(commit=commit)
         _write_tree(git_dir, env, commit, target, limits, result, "", url, submodules)
-    for directory, dirs, _files in os.walk(target):
-        os.chmod(directory, 0o755)
-        dirs.sort()
     _read_only(target)
     return result
 

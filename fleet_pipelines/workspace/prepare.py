@@ -22,8 +22,8 @@ def prepare_workspace(
     task_id: str,
     repo: RepoSpec,
     root: Path,
-    limits: CheckoutLimits = CheckoutLimits(),
-    run_limits: RepoRunLimits = RepoRunLimits(),
+    limits: CheckoutLimits | None = None,
+    run_limits: RepoRunLimits | None = None,
     token: str = "",
 ) -> Workspace:
     """Checks `repo` out under `root` (readable by the sandbox's uids), builds its environment
@@ -37,7 +37,7 @@ def prepare_workspace(
     if staging.exists():
         make_writable(staging)
         shutil.rmtree(staging)
-    done = checkout(repo.url, repo.ref, staging / "repo", limits, token, repo.submodules)
+    done = checkout(repo.url, repo.ref, staging / "repo", limits or CheckoutLimits(), token, repo.submodules)
     final = task_dir / done.commit
     project = final / "repo" / repo.subdir
     if final.exists():  # checked out before at this commit: keep that one (its env is built)
@@ -62,4 +62,4 @@ def prepare_workspace(
         skipped=done.skipped,
         dependencies=declared_dependencies(project),
     )
-    return workspace.model_copy(update={"baseline": baseline(workspace, run_limits)})
+    return workspace.model_copy(update={"baseline": baseline(workspace, run_limits or RepoRunLimits())})

@@ -92,10 +92,7 @@ def tests(argv, cwd, env, timeout_s, report_file, ran):
     if os.path.exists(report_file):
         os.unlink(report_file)
     code, out, duration = run(argv, cwd, env, timeout_s)
-    if code is None:
-        status = "timeout"
-    else:
-        status = "passed" if code == 0 else "failed"
+    status = "timeout" if code is None else "passed" if code == 0 else "failed"
     evidence = {"status": status, "ran": ran, "output": excerpt(out), "duration_s": round(duration, 3)}
     if os.path.exists(report_file):
         try:
@@ -142,7 +139,7 @@ def ruff(job, env, changed):
     if not job.get("ruff") or not files:
         return None, "no changed Python file" if job.get("ruff") else "ruff not available"
     argv = [job["ruff"], "check", "--isolated", "--no-cache", "--select", job["ruff_rules"]]
-    code, out, _ = run([*argv, "--output-format", "json", "--", *files], REPO, env, 60)
+    _, out, _ = run([*argv, "--output-format", "json", "--", *files], REPO, env, 60)
     try:
         issues = json.loads(out[out.index("[") :]) if "[" in out else []
     except ValueError:
