@@ -5,6 +5,7 @@ objects (stored as JSON by the `io_manager`); each one calls the domain, hands a
 `turn_runner`, and shows its value in the UI as metadata.
 """
 
+import functools
 import time
 import types
 import typing
@@ -66,8 +67,20 @@ def _config_type(annotation: Any) -> Any:
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         return str
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return dict[str, str]
+        return _nested_config(annotation)
     return annotation
+
+
+@functools.cache
+def _nested_config(model: type[BaseModel]) -> type[dg.Config]:
+    """The launchpad's form of a nested domain model (a task's repository, an example): its
+    fields with their defaults and descriptions; the domain model validates the values."""
+    return create_model(
+        f"{model.__name__}Config",
+        __base__=dg.Config,
+        __doc__=model.__doc__,
+        **{name: _launchpad_field(name, info.annotation, info) for name, info in model.model_fields.items()},
+    )
 
 
 def _launchpad_field(name: str, annotation: Any, info: FieldInfo) -> tuple[Any, FieldInfo]:
