@@ -113,12 +113,13 @@ def normalize_url(url: str, base: str | None = None) -> str:
     return os.path.abspath(url)
 
 
-def fetch_commit(git_dir: Path, env: dict[str, str], url: str, ref: str) -> str:
-    """Fetches `ref` of `url` into `git_dir` and returns the commit it resolves to."""
+def fetch_commit(git_dir: Path, env: dict[str, str], url: str, ref: str, shallow: bool = True) -> str:
+    """Fetches `ref` of `url` into `git_dir` (only its last commit when `shallow`) and returns the
+    commit it resolves to."""
     if url.startswith("-"):
         raise CheckoutError(f"not a repository URL: {url!r}")
     try:
-        run_git(git_dir, env, "fetch", "--no-tags", "--depth", "1", "--", url, ref)
+        run_git(git_dir, env, "fetch", "--no-tags", *(["--depth", "1"] if shallow else []), "--", url, ref)
     except CheckoutError:
         if not _HEX.match(ref):
             raise

@@ -42,7 +42,9 @@ def push_patch(
             GIT_INDEX_FILE=str(Path(scratch) / "index"),
         )
         run_git(git_dir, env, "init", "--bare", "--quiet", "--template=")
-        base = fetch_commit(git_dir, env, normalize_url(url), commit)
+        base = fetch_commit(
+            git_dir, env, normalize_url(url), commit, shallow=False
+        )  # a remote takes no shallow history
         run_git(git_dir, env, "read-tree", base)
         patch_file = Path(scratch) / "winner.patch"
         patch_file.write_text(patch)

@@ -136,7 +136,7 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
     assert decision.winner_id == "agent-dev-003"
     assert decision.winner_patch == CASE.fix
     assert decision.base_commit == workspace.commit
-    assert decision.pushed_branch == f"fleet/{task_id}"
+    assert decision.pushed_branch == f"fleet/{task_id}", decision.reasons
     pushed = remote_branch_commit(str(remote), task_id)
     assert pushed is not None
     calc = subprocess.run(
