@@ -9,7 +9,16 @@ import click
 
 from .common import EXIT_USAGE, echo_decision, task_fields, task_options
 
-SUMMARY_FIELDS = {"status", "winner_id", "ranking", "reasons", "winner_content"}
+SUMMARY_FIELDS = {
+    "status",
+    "winner_id",
+    "ranking",
+    "reasons",
+    "winner_content",
+    "winner_patch",
+    "base_commit",
+    "pushed_branch",
+}
 
 
 @click.command(help="Run one deliberation on the local stack and print the decision.")

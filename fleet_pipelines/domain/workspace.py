@@ -143,7 +143,7 @@ def extract_patch(text: str) -> str:
 
 def rationale_of(text: str) -> str:
     """The proposal's words without its diff blocks."""
-    return _DIFF_FENCE.sub("", text).strip()
+    return re.sub(r"\n{3,}", "\n\n", _DIFF_FENCE.sub("", text)).strip()
 
 
 def changed_paths(patch: str) -> list[str]:
