@@ -27,11 +27,13 @@ class ScriptedEngine:
         code: str = "",
         judge_score: float = 7,
         patches: dict[str, str] | None = None,
+        tool_replies: dict[str, list[str]] | None = None,
     ):
         self.fail = fail or set()
         self.timeout_kind = timeout_kind
         self.code = code
         self.patches = patches or {}
+        self.tool_replies = tool_replies or {}
         self.judge_score = judge_score
         self.batches: list[list[TurnRequest]] = []
 
@@ -40,6 +42,10 @@ class ScriptedEngine:
             return json.dumps(
                 {"score": self.judge_score, "rationale": f"scripted verdict on {r.target_agent_id}"}
             )
+        step = sum(m.role == "assistant" for m in r.messages)  # engine calls of this turn so far
+        scripted = self.tool_replies.get(r.agent_id, [])
+        if r.kind is TurnKind.PROPOSE and step < len(scripted):
+            return scripted[step]
         text = f"{r.kind.value} by {r.agent_id} round {r.round} on {r.target_agent_id}"
         if self.code and r.kind in (TurnKind.PROPOSE, TurnKind.REVISE):
             text += f"\n\n```python\n{self.code}\n```\n"
@@ -74,13 +80,21 @@ class ScriptedTurnRunner(TurnRunnerResource):
     patches: dict[str, str] = Field(
         default_factory=dict, description="Per agent, the unified diff its proposals and revisions carry."
     )
+    tool_replies: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Per agent, the replies (tool calls) its proposal turn makes before its answer.",
+    )
     record_to: str = Field(default="", description="A file each request is appended to, one JSON line each.")
     _engine: ScriptedEngine = PrivateAttr()
 
     def setup_for_execution(self, context) -> None:
         fail = {(agent, kind) for agent in self.fail_agents for kind in TurnKind}
         self._engine = ScriptedEngine(
-            fail=fail, code=self.code, judge_score=self.judge_score, patches=self.patches
+            fail=fail,
+            code=self.code,
+            judge_score=self.judge_score,
+            patches=self.patches,
+            tool_replies=self.tool_replies,
         )
 
     @property

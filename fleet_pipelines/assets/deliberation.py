@@ -35,6 +35,7 @@ from ..events.planning import TAG_CAUSATION, TAG_CORRELATION, TAG_ENGINE
 from ..history.log import OUTCOME, outcome_metadata
 from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
+from ..resources.repos import ReposConfig
 from ..resources.turns import TurnRunnerResource
 from ..scoring.checks import execution_checks, score_finals
 from ..workspace.checkout import CheckoutError
@@ -130,13 +131,21 @@ def _live_turns(
     nats: NatsResource,
     task: Task,
     engine: EngineEntry | None,
+    tools: tuple[ReposConfig, Workspace] | None = None,
 ) -> Iterator[TurnRunner]:
     """The turn runner with live progress (`assets.progress`): chunks on vllm.streaming.{task_id},
     each turn's events as it ends (keys from run + turn, so a retried step's copies drop), and the
-    run log."""
+    run log. With `tools` (a repository task's workspace), agents' turns may call tools, each
+    call and its result on the stream and in the turn's history."""
     with nats.publisher() as publisher:
         progress = TurnProgress(context, publisher, task)
-        yield turn_runner.runner(_deadline(context, task), engine, progress.on_chunk, progress.on_result)
+        deadline = _deadline(context, task)
+        if tools is None or not tools[1].active or not tools[0].tools:
+            yield turn_runner.runner(deadline, engine, progress.on_chunk, progress.on_result)
+        else:  # a repository task: agents call tools, each engine call through the same runner
+            repos, workspace = tools
+            step = turn_runner.runner(deadline, engine, progress.on_chunk)
+            yield repos.tool_runner(step, workspace, progress.on_tool, progress.on_result)
         if publisher.dropped:
             context.log.warning(f"{publisher.dropped} progress chunks could not be published")
 
@@ -176,7 +185,8 @@ def proposals(
     context (and a repository task's workspace) in its prompt."""
     convened = council.convene(_in_context(deliberation_task, story_context, workspace))
     task, settings, agents = convened.task, convened.settings, convened.agents
-    with _live_turns(context, turn_runner, nats, task, convened.engine) as run_turns:
+    tools = (council.repos, workspace)
+    with _live_turns(context, turn_runner, nats, task, convened.engine, tools) as run_turns:
         results = run_turns(proposal_requests(task, agents, settings))
     ok = sum(r.ok for r in results)
     engine = convened.engine.model if convened.engine else turn_runner.model_name
@@ -209,7 +219,8 @@ def reviews(
         shown.append((text, checks))
         return checks
 
-    with _live_turns(context, turn_runner, nats, task, convened.engine) as run_turns:
+    tools = (council.repos, workspace)
+    with _live_turns(context, turn_runner, nats, task, convened.engine, tools) as run_turns:
         history = review_rounds(task, agents, settings, proposals, run_turns, check_code)
     return dg.Output(
         history,

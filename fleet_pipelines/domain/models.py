@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from pydantic.fields import FieldInfo
 
 from .context import StoryContext
+from .tools import ToolStep
 
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 MAX_DESCRIPTION_CHARS = 8_000
@@ -296,6 +297,7 @@ class TurnRequest(BaseModel):
     target_agent_id: str | None = None  # for a critique: whose proposal is critiqued
     response_schema: dict | None = None  # JSON schema the reply must follow (engine-enforced)
     stop: list[str] = Field(default_factory=list)  # stop sequences (the engine ends the reply there)
+    tools: list[dict] | None = None  # OpenAI `tools` (an engine with tool calling); None: text protocol
 
 
 class TurnResult(BaseModel):
@@ -321,6 +323,9 @@ class TurnResult(BaseModel):
     attempts: int = 1  # 0: never sent (it could not start before the deadline)
     error: str | None = None
     error_type: str | None = None
+    tool_steps: list[ToolStep] = Field(default_factory=list)  # the turn's tool calls and results, in order
+    engine_calls: int = 1  # engine calls of the turn (1 + one per round of tool calls)
+    tool_ms: float = 0.0  # sandbox time of the turn's tool calls
 
     @property
     def ok(self) -> bool:

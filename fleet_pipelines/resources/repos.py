@@ -6,17 +6,23 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import dagster as dg
 from pydantic import Field
 
+from ..domain.deliberation import TurnRunner
 from ..domain.models import RepoSpec
+from ..domain.tool_turns import tool_turns
+from ..domain.tools import TOOLS, StepBudget
 from ..domain.workspace import Workspace
 from ..workspace.checkout import CheckoutLimits
 from ..workspace.prepare import prepare_workspace
 from ..workspace.push import branch_name, push_patch
-from ..workspace.runs import RepoRunLimits
+from ..workspace.runs import RepoRunLimits, run_tool
 from .config import derived_config
+
+StepBudgetConfig = derived_config(StepBudget, "StepBudgetConfig")
 
 RepoRunLimitsConfig = derived_config(
     RepoRunLimits,
@@ -62,6 +68,38 @@ class ReposConfig(dg.Config):
     )
     checkout: CheckoutLimitsConfig = Field(default_factory=CheckoutLimitsConfig)
     runs: RepoRunLimitsConfig = Field(default_factory=RepoRunLimitsConfig)
+    tools: bool = Field(
+        default=True,
+        description="Agents may call tools (list, read, search files, run the tests) while they write "
+        "or revise a patch, each call in the sandbox against the read-only workspace.",
+    )
+    tool_protocol: Literal["text", "openai"] = Field(
+        default="text",
+        description="`text`: the plain-text protocol any model follows; `openai`: also offer the tools "
+        "as OpenAI `tools` (an engine with tool calling: vLLM with a tool parser, llama.cpp with --jinja).",
+    )
+    step_budget: StepBudgetConfig = Field(
+        default_factory=StepBudgetConfig, description="What one turn may spend on tools."
+    )
+
+    def tool_runner(
+        self, run_step: TurnRunner, workspace: Workspace, on_step=None, on_result=None
+    ) -> TurnRunner:
+        """The turn runner of a repository task's agents: tools in the sandbox, within the budget."""
+        limits = self.run_limits()
+
+        def execute(name: str, arguments: dict) -> str:
+            return run_tool(workspace, name, arguments, limits)
+
+        openai_tools = [t.openai() for t in TOOLS] if self.tool_protocol == "openai" else None
+        return tool_turns(
+            run_step,
+            execute,
+            self.step_budget.to_model(),
+            openai_tools=openai_tools,
+            on_step=on_step,
+            on_result=on_result,
+        )
 
     def token(self) -> str:
         return os.environ.get(self.token_env, "")

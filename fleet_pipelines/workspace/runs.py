@@ -142,3 +142,28 @@ def score_patch(
         ruff_output=report.get("ruff_output") or "",
         sandbox_s=took,
     )
+
+
+def run_tool(workspace: Workspace, name: str, arguments: dict, limits: RepoRunLimits) -> str:
+    """One agent tool in a fresh sandbox against the read-only workspace: list_files, read_file,
+    search_text (in `sandbox_job.py`), or run_tests (the test command, with a patch applied when
+    given). Returns what the agent reads back, bounded; a failure is reported as text."""
+    if name == "run_tests":
+        patch = str(arguments.get("patch") or "")
+        job: dict = {"test_command": workspace.test_command}
+        if patch.strip():
+            if len(patch) > MAX_PATCH_CHARS:
+                return f"error: patch over {MAX_PATCH_CHARS} characters"
+            job["patch"] = patch if patch.endswith("\n") else patch + "\n"
+        report, result = _run_job(workspace, job, limits)
+        if report is None:
+            return f"error: the run ended before its report: {result.reason}"
+        if report.get("applies") is False:
+            return f"the patch does not apply:\n{report.get('apply_output', '')}"
+        tests = TestEvidence.model_validate(report["tests"])
+        counts = f" ({tests.passed} passed, {tests.failed} failing)" if tests.counted else ""
+        return f"tests {tests.status}{counts}\n{tests.first_failure or tests.output}"[:4_000]
+    report, result = _run_job(workspace, {"tool": name, "args": arguments}, limits)
+    if report is None:
+        return f"error: the tool run ended before its report: {result.reason}"
+    return str(report.get("tool_output", ""))

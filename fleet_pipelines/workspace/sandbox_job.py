@@ -219,7 +219,10 @@ def main():
             print(REPORT_MARK + json.dumps(report))
             return
     if job.get("tool"):
-        report["tool_output"] = tool(job, cwd)
+        try:
+            report["tool_output"] = tool(job, cwd)
+        except (ValueError, TypeError, OSError, re.error) as exc:  # the model's arguments
+            report["tool_output"] = f"error: {exc}"
     if job.get("test_command"):
         argv = shlex.split(job["test_command"])
         report["tests"] = tests(

@@ -31,6 +31,7 @@ from fleet_pipelines.assets.deliberation import (
 from fleet_pipelines.assets.partitions import deliberation_partitions
 from fleet_pipelines.cli import fleet as fleet_cli
 from fleet_pipelines.domain.decision import Decision
+from fleet_pipelines.domain.models import TurnResult
 from fleet_pipelines.domain.scoring import ProposalScore
 from fleet_pipelines.domain.workspace import Workspace
 from fleet_pipelines.evaluation.repo_suite import REPO_CASES, create_repo, repo_task_fields
@@ -71,6 +72,13 @@ DOES_NOT_APPLY = """--- a/calc.py
 """
 
 
+TOOL_REPLIES = [  # agent-dev-003 looks before it answers: two calls, then one it cannot parse
+    'Let me look.\n<tool_call>{"name": "read_file", "arguments": {"path": "calc.py"}}',
+    '<tool_call>{"name": "run_tests", "arguments": {"patch": ' + json.dumps(CASE.fix) + "}}",
+    "<tool_call>{name: search_text}</tool_call>",
+]
+
+
 @pytest.fixture
 def workspaces() -> Iterator[Path]:
     """A workspace root the sandbox's uids can traverse (pytest's tmp_path is root-only)."""
@@ -89,7 +97,8 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
     subprocess.run(["git", "init", "--quiet", "--bare", str(remote)], check=True)
     task_id = "repo-calc-1"
     runner = ScriptedTurnRunner(
-        patches={"agent-dev-001": BREAKS_MUL, "agent-dev-002": DOES_NOT_APPLY, "agent-dev-003": CASE.fix}
+        patches={"agent-dev-001": BREAKS_MUL, "agent-dev-002": DOES_NOT_APPLY, "agent-dev-003": CASE.fix},
+        tool_replies={"agent-dev-003": TOOL_REPLIES},
     )
     storage = tmp_path / "storage"
     council = CouncilResource(repos=ReposConfig(root=str(workspaces), push_remote=str(remote)))
@@ -131,6 +140,17 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
     assert breaker.value("tests") == pytest.approx(2 / 4)  # test_add + hidden add pass, both mul fail
     assert "test_mul" in breaker.check("tests").output
     assert fixer.score > breaker.score > broken.score
+
+    proposals: list[TurnResult] = read_stored(str(storage), "proposals", task_id)
+    looked = next(p for p in proposals if p.agent_id == "agent-dev-003")
+    steps = looked.tool_steps
+    assert [(s.name, s.parsed) for s in steps] == [("read_file", True), ("run_tests", True), ("?", False)]
+    assert "5:     return a - b" in steps[0].output
+    assert steps[1].output.startswith("tests passed (2 passed, 0 failing)")
+    assert steps[2].text == "{name: search_text}" and steps[2].output.startswith("error: not JSON")
+    assert looked.engine_calls == 4 and looked.tool_ms > 0 and CASE.fix in looked.content
+    others = [p for p in proposals if p.agent_id != "agent-dev-003"]
+    assert all(p.engine_calls == 1 and not p.tool_steps for p in others)  # answered at once
 
     decision: Decision = read_stored(str(storage), "decision", task_id)
     assert decision.winner_id == "agent-dev-003"
