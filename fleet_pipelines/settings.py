@@ -91,6 +91,18 @@ class FleetSettings(BaseModel):
         validation_alias=_env("FLEET_COUNCILS_FILE"),
         description="YAML councils file: per role agents, engine and model, budgets, rubric, weights.",
     )
+    # Repository tasks
+    workspaces_dir: str = Field(
+        default="",
+        validation_alias=_env("FLEET_WORKSPACES_DIR"),
+        description="Read-only workspaces of repository tasks (default `<tmp>/fleet-workspaces`); every "
+        "folder above it must be traversable by other users (the sandbox's uids).",
+    )
+    push_remote: str = Field(
+        default="",
+        validation_alias=_env("FLEET_PUSH_REMOTE"),
+        description="Git remote the winning patch of a repository task is pushed to as `fleet/{task_id}`.",
+    )
     # Where state lives
     state_dir: Path = Field(
         default=Path(".fleet"),
@@ -199,6 +211,7 @@ class FleetSettings(BaseModel):
         from .resources.history import HistoryResource
         from .resources.io import DomainIOManager, ParquetIOManager
         from .resources.ray_cluster import RayCluster
+        from .resources.repos import ReposConfig
         from .resources.turns import RayTurnRunner
 
         vllm = None
@@ -234,7 +247,11 @@ class FleetSettings(BaseModel):
                 ray := RayCluster(ray_init_options={"ignore_reinit_error": True, "log_to_driver": False})
             ),
             "turn_runner": RayTurnRunner(engine=engine, ray_cluster=ray),
-            "council": CouncilResource(max_tokens=self.max_tokens, councils_file=self.councils_file),
+            "council": CouncilResource(
+                max_tokens=self.max_tokens,
+                councils_file=self.councils_file,
+                repos=ReposConfig(root=self.workspaces_dir, push_remote=self.push_remote),
+            ),
             "io_manager": DomainIOManager(base_path=self.storage),
             "frames_io_manager": ParquetIOManager(base_path=self.storage),
             "history": HistoryResource(base_path=self.storage, max_age_seconds=self.retention_seconds),
