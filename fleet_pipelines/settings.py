@@ -155,7 +155,11 @@ class FleetSettings(BaseModel):
     # The nightly evaluation
     eval_schedule: str = Field(default="off", validation_alias=_env("FLEET_EVAL_SCHEDULE"))
     eval_cron: str = Field(default="0 2 * * *", validation_alias=_env("FLEET_EVAL_CRON"))
-    eval_suite: str = Field(default="humaneval", validation_alias=_env("FLEET_EVAL_SUITE"))
+    eval_suite: str = Field(
+        default="humaneval,repos",
+        validation_alias=_env("FLEET_EVAL_SUITE"),
+        description="Suites of the nightly run, comma-separated, each sampled on its own.",
+    )
     eval_split: str = Field(default="test", validation_alias=_env("FLEET_EVAL_SPLIT"))
     eval_sample_size: int = Field(default=20, validation_alias=_env("FLEET_EVAL_SAMPLE_SIZE"))
 

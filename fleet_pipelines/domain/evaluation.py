@@ -72,6 +72,11 @@ class Problem(BaseModel):
     entry_point: str = Field(description="Name of the function the hidden test calls.")
     test: str = Field(description="Hidden test source defining check(candidate); never shown to agents.")
     canonical_solution: str = Field(description="Reference body completing the prompt (harness check).")
+    repo_case: str = Field(
+        default="",
+        description="A repository problem: the generated repository (evaluation.repo_suite); the prompt "
+        "is the task, `test` the hidden tests, `canonical_solution` the fixing patch.",
+    )
 
 
 def parse_examples(problem: Problem) -> list[Example]:
