@@ -116,7 +116,7 @@ class FleetSettings(BaseModel):
         gt=0,
         le=3_600,
         validation_alias=_env("FLEET_DELIBERATION_TIMEOUT", "DELIBERATION_TIMEOUT"),
-        description="Deadline of a deliberation whose task gives no `timeout_seconds` (the launchpad's default).",
+        description="Deadline of a deliberation whose task gives no `timeout_seconds` (launchpad default).",
     )
     ray_address: str | None = Field(
         default=None,

@@ -258,7 +258,7 @@ class NatsSession:
                 if info is not None:  # else its inactive_threshold removes it
                     with contextlib.suppress(*_NATS_ERRORS):
                         await self.js.delete_consumer(stream, info.name)
-        except (*_NATS_ERRORS, asyncio.TimeoutError) as exc:
+        except (TimeoutError, *_NATS_ERRORS) as exc:
             raise NatsError(f"counting {subject} in {stream}: {_why(exc)}") from exc
 
     async def read_after(
