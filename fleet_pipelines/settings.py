@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 DEFAULT_LLM_URL = "http://127.0.0.1:8080/v1"
 DEFAULT_TIMEOUT_SECONDS = 300.0
-NO_NATS = "no NATS server chosen: start the local stack (`make dev`) or set NATS_URL"
+NO_NATS = "no NATS server chosen: start the local stack (make dev) or set NATS_URL"
 # The old system's variables that nothing here reads: refused at start-up, saying what replaces them.
 REPLACED_VARIABLES = {
     "ENABLE_NATS": "NATS is always on here: set NATS_URL (or run `make dev`), and unset ENABLE_NATS",

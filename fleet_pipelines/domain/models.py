@@ -50,7 +50,7 @@ class Role(StrEnum):
 
 
 class DeliberationStatus(StrEnum):
-    """Outcome of a deliberation (SEED_REFERENCE statuses plus PARTIAL)."""
+    """Outcome of a deliberation (the old system's statuses plus PARTIAL)."""
 
     COMPLETED = "COMPLETED"
     PARTIAL = "PARTIAL"

@@ -1,4 +1,4 @@
-"""Event envelope and payloads (DESIGN.md section 5), each with a `schema_version`.
+"""Event envelope and payloads, each with a `schema_version` (docs/design.md, NATS events).
 
 Incoming envelopes and plans ignore unknown fields (producers may add some), but a task does not:
 a field it does not know would be an instruction lost. Outgoing models are what we promise to
