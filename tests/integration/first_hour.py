@@ -1,11 +1,12 @@
 """A new user's first hour, inside a private network namespace (run by test_first_hour.py).
 
-Inside `unshare --net` (as root; `--user --map-root-user --net` otherwise), 127.0.0.1 is this run's alone: `make dev` listens on
-its default ports (3000, 8080, 6380, 4223) as on a fresh machine, and port 4222, where a machine
-often runs its own NATS, is first free and then held by a decoy nats-server that the user never
-chose. In a project folder laid out like a checkout (Makefile, pyproject.toml, .venv, the model
-folder), `make dev` runs in one process and the README's blocks run in another, each with a clean
-environment (`env -i`), as a second shell would. Prints a JSON report on stdout.
+Inside `unshare --net` (as root; `--user --map-root-user --net` otherwise), 127.0.0.1 is this
+run's alone: `make dev` listens on its default ports (3000, 8080, 6380, 4223) as on a fresh
+machine, and port 4222, where a machine often runs its own NATS, is first free and then held by a
+decoy nats-server that the user never chose. In a project folder laid out like a checkout
+(Makefile, pyproject.toml, .venv, the model folder), `make dev` runs in one process and the
+README's blocks run in another, each with a clean environment (`env -i`), as a second shell
+would. Prints a JSON report on stdout.
 
     python -m tests.integration.first_hour PROJECT_DIR BLOCKS_JSON
 """
@@ -74,9 +75,9 @@ def start_make_dev(project: Path, home: Path) -> subprocess.Popen:
 def run_block(project: Path, home: Path, block: str) -> dict:
     """One README block as a second shell runs it: `env -i` plus PATH and HOME, `set -e`."""
     started = time.monotonic()
+    clean = [f"{k}={v}" for k, v in {**CLEAN_ENV, "HOME": str(home)}.items()]
     done = subprocess.run(
-        ["env", "-i", *(f"{k}={v}" for k, v in {**CLEAN_ENV, "HOME": str(home)}.items())]
-        + ["bash", "-e", "-c", block],
+        ["env", "-i", *clean, "bash", "-e", "-c", block],
         cwd=project,
         capture_output=True,
         text=True,
@@ -93,9 +94,11 @@ def run_block(project: Path, home: Path, block: str) -> dict:
 
 def start_decoy(root: Path) -> subprocess.Popen:
     """Another NATS (JetStream, monitoring on) on 4222: the server nobody chose."""
+    server = str(Path(sys.executable).with_name("nats-server"))
+    argv = [server, "--addr", "127.0.0.1", "--port", str(DECOY_PORT), "--jetstream"]
+    argv += ["--store_dir", str(root / "decoy"), "--http_port", str(DECOY_MONITOR)]
     process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("nats-server")), "--addr", "127.0.0.1", "--port", str(DECOY_PORT)]
-        + ["--jetstream", "--store_dir", str(root / "decoy"), "--http_port", str(DECOY_MONITOR)],
+        argv,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
