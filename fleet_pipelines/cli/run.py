@@ -31,7 +31,7 @@ def progress_logger(init_context) -> logging.Logger:
             elif record.levelno >= logging.WARNING:
                 click.echo(f"  {record.levelname.lower()}: {message}", err=True)
 
-    logger = logging.Logger("fleet-run-progress", logging.INFO)
+    logger = logging.Logger("fleet-run-progress", logging.DEBUG)  # phases are debug events
     logger.addHandler(Progress())
     return logger
 
