@@ -43,10 +43,11 @@ def loopback_up() -> None:
 
 
 def lay_out(project: Path) -> None:
-    """A checkout as `make dev` needs it: the Makefile, pyproject.toml (its install stamp), the
-    virtualenv and the fetched model, linked from this checkout."""
+    """A checkout as `make dev` and `dg` need it: the Makefile, pyproject.toml (its install stamp
+    and `dg`'s project), the package, the Dagster files, the virtualenv and the fetched model,
+    linked from this checkout."""
     project.mkdir(parents=True, exist_ok=True)
-    for name in ("Makefile", "pyproject.toml", ".venv"):
+    for name in ("Makefile", "pyproject.toml", "fleet_pipelines", "workspace.yaml", "dagster.yaml", ".venv"):
         (project / name).symlink_to(REPO_ROOT / name)
     (project / ".fleet").mkdir()
     (project / ".fleet" / "models").symlink_to(default_model_dir())
