@@ -142,3 +142,16 @@ def test_old_variables_nothing_reads_are_refused_at_start_up(name: str, replacem
         timeout=120,
     )
     assert location.returncode != 0 and f"ValueError: {name}: " in location.stderr
+
+
+def test_the_readmes_old_shape_example_is_accepted_as_shown():
+    import re
+
+    from fleet_pipelines.cli import REPO_ROOT
+
+    [example] = re.findall(r"```json\n(.*?)```", (REPO_ROOT / "README.md").read_text(), re.S)
+    [planned] = plan_deliberations(plan_with(json.loads(example)))
+    task = Task.from_fields(planned.task_id, planned.task_config)
+    assert task.description == "Design the retry policy" and task.role.value == "ARCHITECT"
+    assert task.constraints.requirements == ["idempotent"] and task.constraints.timeout_seconds == 600
+    assert task.constraints.max_iterations == 3 and task.constraints.metadata == {"service": "payments"}
