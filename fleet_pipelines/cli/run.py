@@ -36,6 +36,18 @@ def progress_logger(init_context) -> logging.Logger:
     return logger
 
 
+def run_loggers(verbose: bool) -> tuple[dict, dict]:
+    """The run's loggers and their config: progress only, or with Dagster's console log too."""
+    import dagster as dg
+
+    loggers = {"progress": dg.logger(progress_logger)}
+    config: dict = {"progress": {}}
+    if verbose:
+        loggers["console"] = dg.colored_console_logger
+        config["console"] = {"config": {"log_level": "DEBUG"}}
+    return loggers, config
+
+
 @click.command(help="Run one deliberation on the local stack and print the decision.")
 @task_options
 @click.option("--json", "as_json", is_flag=True, help="print the decision as JSON")
@@ -67,15 +79,10 @@ def run(as_json: bool, verbose: bool, **options) -> None:
     click.echo(
         f"task {task_id}: deliberating ({task.num_agents} {task.role.value} agents, {task.rounds} round(s))"
     )
-    loggers = {"progress": dg.logger(progress_logger)}
-    if verbose:
-        loggers["console"] = dg.colored_console_logger
+    loggers, logger_config = run_loggers(verbose)
     job = defs.resolve_job_def("deliberation_job").with_logger_defs(loggers)
-    run_config = {**deliberation_run_config(fields), "loggers": {name: {} for name in loggers}}
-    if verbose:
-        run_config["loggers"]["console"] = {"config": {"log_level": "DEBUG"}}
     result = job.execute_in_process(
-        run_config=run_config,
+        run_config={**deliberation_run_config(fields), "loggers": logger_config},
         instance=instance,
         partition_key=task_id,
         raise_on_error=False,
