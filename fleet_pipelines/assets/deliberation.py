@@ -35,6 +35,7 @@ from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
 from ..resources.turns import TurnRunnerResource
 from ..scoring.checks import execution_checks, score_finals
+from ..settings import FleetSettings
 from . import DELIBERATION_JOB
 from .partitions import GROUP, deliberation_partitions
 from .previews import table, turns_metadata
@@ -67,6 +68,8 @@ def _config_type(annotation: Any) -> Any:
 
 def _launchpad_field(name: str, annotation: Any, info: FieldInfo) -> tuple[Any, FieldInfo]:
     default: Any = "DEV" if name == "role" else info.default  # the launchpad's default council
+    if name == "timeout_seconds":  # a task that gives no deadline gets DELIBERATION_TIMEOUT's
+        default = FleetSettings.from_env().deliberation_timeout_s
     kwargs = {"default_factory": info.default_factory} if info.default_factory else {"default": default}
     return _config_type(annotation), Field(**kwargs, description=info.description)
 
