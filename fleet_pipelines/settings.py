@@ -15,12 +15,20 @@ from urllib.parse import urlparse
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from .llm.local_server import MODEL_NAME
+from .stack_file import with_stack
 
 if TYPE_CHECKING:
     from .resources.events import NatsResource
 
 DEFAULT_LLM_URL = "http://127.0.0.1:8080/v1"
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_TIMEOUT_SECONDS = 300.0
+NO_NATS = "no NATS server chosen: start the local stack (make dev) or set NATS_URL"
+# The old system's variables that nothing here reads: refused at start-up, saying what replaces them.
+REPLACED_VARIABLES = {
+    "ENABLE_NATS": "NATS is always on here: set NATS_URL (or run `make dev`), and unset ENABLE_NATS",
+    "AGENT_TYPE": "a council's role comes from each task (`role`), its agents from the councils file "
+    "(FLEET_COUNCILS_FILE): unset AGENT_TYPE",
+}
 # Secrets are never values here: settings only note that they are set, and the resources read
 # them through dg.EnvVar, so they stay out of run config, the UI and the event log.
 NATS_SECRETS = (
@@ -115,8 +123,24 @@ class FleetSettings(BaseModel):
         description="Where asset values are stored (default <state_dir>/storage; s3://… works).",
     )
     dagster_home: Path | None = Field(default=None, validation_alias=_env("DAGSTER_HOME"))
+    deliberation_timeout_s: float = Field(
+        default=DEFAULT_TIMEOUT_SECONDS,
+        gt=0,
+        le=3_600,
+        validation_alias=_env("FLEET_DELIBERATION_TIMEOUT", "DELIBERATION_TIMEOUT"),
+        description="Deadline of a deliberation whose task gives no `timeout_seconds` (launchpad default).",
+    )
+    ray_address: str | None = Field(
+        default=None,
+        validation_alias=_env("RAY_ADDRESS"),
+        description="The Ray cluster agent turns run on (default: a private local Ray).",
+    )
     # NATS
-    nats_url: str = Field(default=DEFAULT_NATS_URL, validation_alias=_env("NATS_URL"))
+    nats_url: str | None = Field(
+        default=None,
+        validation_alias=_env("NATS_URL"),
+        description="The NATS server: NATS_URL, else the running local stack's; never a guessed default.",
+    )
     nats_secrets_set: tuple[str, ...] = Field(
         default=(), description="Resource fields whose NATS_* variable is set (read via dg.EnvVar)."
     )
@@ -165,9 +189,14 @@ class FleetSettings(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> FleetSettings:
-        """The settings from the environment; empty variables count as unset."""
+        """The settings from the environment, over what the running local stack recorded
+        (`stack_file`); empty variables count as unset. A variable of the old system that nothing
+        here reads is refused (ValueError) with what replaces it."""
         environ = os.environ if environ is None else environ
         present = {k: v for k, v in environ.items() if v}
+        if replaced := [f"{name}: {why}" for name, why in REPLACED_VARIABLES.items() if name in present]:
+            raise ValueError("; ".join(replaced))
+        present = with_stack(present, Path(present.get("FLEET_STATE_DIR", ".fleet")))
         return cls.model_validate(
             {
                 **present,
@@ -248,7 +277,10 @@ class FleetSettings(BaseModel):
             # ray.init(address=None) joins the cluster named by RAY_ADDRESS (`make dev` starts a local
             # head and sets it; KubeRay in production); without it Ray starts a private local instance.
             "ray_cluster": (
-                ray := RayCluster(ray_init_options={"ignore_reinit_error": True, "log_to_driver": False})
+                ray := RayCluster(
+                    address=self.ray_address,
+                    ray_init_options={"ignore_reinit_error": True, "log_to_driver": False},
+                )
             ),
             "turn_runner": RayTurnRunner(engine=engine, ray_cluster=ray),
             "council": CouncilResource(

@@ -189,26 +189,33 @@ def start_nats(
 
 @dataclass
 class DevStack:
-    """A running `fleet dev` (what `make dev` runs) on free ports."""
+    """A running `fleet dev` (what `make dev` runs) on free ports, in its own project folder."""
 
     process: subprocess.Popen
-    env: dict[str, str]  # the environment it was started with (NATS_URL added)
+    root: Path  # where it runs: its state is in root/.fleet, where every `fleet` command run there finds it
+    env: dict[str, str]  # where its parts listen, as it recorded them: NATS_URL, FLEET_LLM_BASE_URL, …
     dagster_home: Path
     ports: dict[str, int]  # ui, model, ray, nats
+
+
+STACK_ENV = ("FLEET_LLM_BASE_URL", "VLLM_URL", "RAY_ADDRESS", "NATS_URL", "FLEET_MAX_TOKENS")
 
 
 @contextmanager
 def fleet_dev(
     root: Path, max_tokens: int | None, timeout_s: float = 240, engine_url: str | None = None
 ) -> Iterator[DevStack]:
-    """Starts `fleet dev` with its state under `root`, yields once the UI answers, then stops it
-    with Ctrl-C (SIGINT) as a person would. For tests and benchmarks of the whole local stack.
+    """Starts `fleet dev` in the folder `root` as a person would in a checkout (state in
+    root/.fleet, the model from this checkout's model folder), yields once the UI answers, then
+    stops it with Ctrl-C (SIGINT). For tests and benchmarks of the whole local stack.
     `max_tokens` caps every turn (None: the default budgets); `engine_url` uses that engine instead
     of starting one."""
+    from .llm.local_server import default_model_dir
+    from .stack_file import read_stack
+
     ports = {name: free_port() for name in ("ui", "model", "ray", "nats")}
-    env = {**os.environ, "FLEET_STATE_DIR": str(root / "state"), "DAGSTER_HOME": str(root / "home")}
-    for name in ("FLEET_LLM_BASE_URL", "VLLM_URL", "RAY_ADDRESS", "NATS_URL", "FLEET_MAX_TOKENS"):
-        env.pop(name, None)
+    env = {k: v for k, v in os.environ.items() if k not in (*STACK_ENV, "FLEET_STATE_DIR", "DAGSTER_HOME")}
+    env["FLEET_MODEL_DIR"] = str(default_model_dir())
     if max_tokens is not None:
         env["FLEET_MAX_TOKENS"] = str(max_tokens)
     if engine_url is not None:
@@ -216,8 +223,15 @@ def fleet_dev(
     argv = [sys.executable, "-m", "fleet_pipelines.cli", "dev", "--port", str(ports["ui"])]
     argv += ["--model-port", str(ports["model"]), "--ray-port", str(ports["ray"])]
     argv += ["--nats-port", str(ports["nats"])]
+    root.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        argv,
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + timeout_s
@@ -226,9 +240,15 @@ def fleet_dev(
             if time.monotonic() > deadline or process.poll() is not None:
                 raise RuntimeError("fleet dev did not start:\n" + "".join(output))
             output.append(process.stdout.readline())
-        env["NATS_URL"] = f"nats://127.0.0.1:{ports['nats']}"
-        env.setdefault("FLEET_LLM_BASE_URL", f"http://127.0.0.1:{ports['model']}/v1")
-        yield DevStack(process=process, env=env, dagster_home=root / "home", ports=ports)
+        record = read_stack(root / ".fleet")
+        assert record is not None, "fleet dev did not record where its parts listen"
+        yield DevStack(
+            process=process,
+            root=root,
+            env=record.env,
+            dagster_home=Path(record.env["DAGSTER_HOME"]),
+            ports=ports,
+        )
     finally:
         os.killpg(process.pid, signal.SIGINT)
         process.wait(90)
@@ -247,7 +267,16 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
     FLEET_LLM_BASE_URL is set), a Ray head and `dagster dev`, each in its own process group.
     Returns when one of them exits (1), or on Ctrl-C / SIGTERM (0), after stopping all of them in
     reverse order."""
+    from .stack_file import remove_stack, running_stack, write_stack
+
     log_dir = state_dir / "logs"
+    if running := running_stack(state_dir):
+        print(
+            f"fleet dev: a local stack is already running here (pid {running.pid}, UI {running.ui}; "
+            f"{running.path}): stop it first, or give this one its own FLEET_STATE_DIR",
+            file=sys.stderr,
+        )
+        return 1
     external_nats = bool(os.environ.get("NATS_URL"))
     external_engine = bool(os.environ.get("FLEET_LLM_BASE_URL") or os.environ.get("VLLM_URL"))
     wanted = {"--port": ports.ui, "--ray-port": ports.ray}
@@ -271,6 +300,7 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
         if stopping:
             return
         stopping = True
+        remove_stack(state_dir)
         print("\nstopping the local stack…", flush=True)
         for service in reversed(services):
             service.stop()
@@ -298,6 +328,15 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
         dagster = launch("dagster", dagster_argv, log_dir, env={"DAGSTER_HOME": str(dagster_home)})
         services.append(dagster)
         dagster.wait_ready(lambda: http_ok(f"http://127.0.0.1:{ports.ui}/server_info"), 180)
+        # Every `fleet` command and Dagster entry point run with this state dir finds the stack here.
+        parts = {
+            "NATS_URL": os.environ["NATS_URL"],
+            "FLEET_LLM_BASE_URL": os.environ.get("FLEET_LLM_BASE_URL") or os.environ["VLLM_URL"],
+            "RAY_ADDRESS": os.environ["RAY_ADDRESS"],
+            "DAGSTER_HOME": str(dagster_home),
+        }
+        record = write_stack(state_dir, f"http://127.0.0.1:{ports.ui}", parts)
+        print(f"stack: {record}", flush=True)
         print(f"dagster UI: http://127.0.0.1:{ports.ui}  (Ctrl-C stops everything)", flush=True)
         while not stopping:
             for service in services:

@@ -38,6 +38,7 @@ from ..resources.events import NatsResource
 from ..resources.repos import ReposConfig
 from ..resources.turns import TurnRunnerResource
 from ..scoring.checks import execution_checks, score_finals
+from ..settings import FleetSettings
 from ..workspace.checkout import CheckoutError
 from ..workspace.checks import patch_checker
 from ..workspace.view import prompt_view
@@ -86,6 +87,8 @@ def _nested_config(model: type[BaseModel]) -> type[dg.Config]:
 
 def _launchpad_field(name: str, annotation: Any, info: FieldInfo) -> tuple[Any, FieldInfo]:
     default: Any = "DEV" if name == "role" else info.default  # the launchpad's default council
+    if name == "timeout_seconds":  # a task that gives no deadline gets DELIBERATION_TIMEOUT's
+        default = FleetSettings.from_env().deliberation_timeout_s
     kwargs = {"default_factory": info.default_factory} if info.default_factory else {"default": default}
     return _config_type(annotation), Field(**kwargs, description=info.description)
 

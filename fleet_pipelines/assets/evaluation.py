@@ -104,6 +104,7 @@ def evaluation(
         turn_runner.engine.to_model(),
         turn_runner.dispatch_settings(),
         config.max_concurrent_problems,
+        progress=context.log.info,
     )
     splits = {p.problem_id: suite.split_of(p) for p in problems}
     df = outcomes_to_frame(outcomes, splits, context.partition_key)

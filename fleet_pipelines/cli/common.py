@@ -77,7 +77,13 @@ def task_options(command: Callable) -> Callable:
         click.option(
             "--requirement", multiple=True, help="A requirement each proposal must meet; repeatable."
         ),
-        click.option("--timeout", type=float, **field(constraints["timeout_seconds"])),
+        click.option(
+            "--timeout",
+            type=float,
+            default=None,
+            help=constraints["timeout_seconds"].description
+            + " Default: the code location's DELIBERATION_TIMEOUT (300).",
+        ),
         click.option(
             "--tests",
             type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -108,6 +114,8 @@ def task_fields(options: dict) -> tuple[str, dict]:
     role = options["role"].upper()
     task_id = options["task_id"] or f"task-{role.lower()}-{uuid.uuid4().hex[:10]}"
     tests: Path | None = options["tests"]
+    # Without --timeout the task gives no deadline: the code location's default applies.
+    timeout = {} if options["timeout"] is None else {"timeout_seconds": options["timeout"]}
     return task_id, {
         "description": options["description"],
         "role": role,
@@ -115,7 +123,7 @@ def task_fields(options: dict) -> tuple[str, dict]:
         "rounds": options["rounds"],
         "rubric": options["rubric"],
         "requirements": list(options["requirement"]),
-        "timeout_seconds": options["timeout"],
+        **timeout,
         "tests": tests.read_text() if tests else "",
         "examples": options["example"],
         **_repo_field(options),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import click
@@ -21,13 +22,50 @@ SUMMARY_FIELDS = {
 }
 
 
+def progress_logger(init_context) -> logging.Logger:
+    """A Dagster logger that prints what a person follows: each phase (step) as it starts, each
+    agent turn as it finishes (the run log's turn lines: tokens, queue wait, service time), and
+    warnings and errors; Dagster's own debug events stay out (`--verbose` shows them)."""
+    from ..assets.progress import TURN_LOG_PREFIX
+
+    class Progress(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            meta = getattr(record, "dagster_meta", None) or {}
+            event, message = meta.get("dagster_event"), str(meta.get("orig_message", record.getMessage()))
+            kind = event.event_type_value if event is not None else None
+            if kind == "STEP_START":
+                click.echo(f"{meta.get('step_key')} …")
+            elif kind is None and message.startswith(TURN_LOG_PREFIX):
+                click.echo("  " + message.removeprefix(TURN_LOG_PREFIX))
+            elif record.levelno >= logging.WARNING:
+                click.echo(f"  {record.levelname.lower()}: {message}", err=True)
+
+    logger = logging.Logger("fleet-run-progress", logging.DEBUG)  # phases are debug events
+    logger.addHandler(Progress())
+    return logger
+
+
+def run_loggers(verbose: bool) -> tuple[dict, dict]:
+    """The run's loggers and their config: progress only, or with Dagster's console log too."""
+    import dagster as dg
+
+    loggers = {"progress": dg.logger(progress_logger)}
+    config: dict = {"progress": {}}
+    if verbose:
+        loggers["console"] = dg.colored_console_logger
+        config["console"] = {"config": {"log_level": "DEBUG"}}
+    return loggers, config
+
+
 @click.command(help="Run one deliberation on the local stack and print the decision.")
 @task_options
 @click.option("--json", "as_json", is_flag=True, help="print the decision as JSON")
-def run(as_json: bool, **options) -> None:
+@click.option("--verbose", is_flag=True, help="also print Dagster's event log (debug level)")
+def run(as_json: bool, verbose: bool, **options) -> None:
     import dagster as dg
 
     from ..assets.deliberation import build_task, deliberation_partitions, deliberation_run_config
+    from ..settings import NO_NATS, FleetSettings
     from .common import dagster_home
 
     task_id, fields = task_fields(options)
@@ -36,6 +74,11 @@ def run(as_json: bool, **options) -> None:
     except dg.Failure as exc:
         click.echo(f"fleet run: {exc.description}", err=True)
         sys.exit(EXIT_USAGE)
+    if (
+        FleetSettings.from_env().nats_url is None
+    ):  # the run publishes its events: fail now, not at `proposals`
+        click.echo(f"fleet run: {NO_NATS}", err=True)
+        sys.exit(1)
 
     dagster_home()
     from ..definitions import defs
@@ -45,8 +88,10 @@ def run(as_json: bool, **options) -> None:
     click.echo(
         f"task {task_id}: deliberating ({task.num_agents} {task.role.value} agents, {task.rounds} round(s))"
     )
-    result = defs.resolve_job_def("deliberation_job").execute_in_process(
-        run_config=deliberation_run_config(task.fields()),
+    loggers, logger_config = run_loggers(verbose)
+    job = defs.resolve_job_def("deliberation_job").with_logger_defs(loggers)
+    result = job.execute_in_process(
+        run_config={**deliberation_run_config(fields), "loggers": logger_config},
         instance=instance,
         partition_key=task_id,
         raise_on_error=False,

@@ -248,6 +248,50 @@ class ArmOutcome(BaseModel):
         return sum(c.passed for c in self.candidates) / len(self.candidates) if self.candidates else 0.0
 
 
+class EvaluationProgress:
+    """Progress of an evaluation as its problems finish: one line per (problem, arm) with how many
+    of all (problem, arm) pairs are done, the arm's verdict and tokens, the passes of every arm so
+    far, the tokens spent in all, and the time left at the pace of the problems done."""
+
+    def __init__(self, problems: int, arms: int, started: float):
+        self.problems, self.arms, self.started = problems, arms, started
+        self.done_problems = 0
+        self.outcomes: list[ArmOutcome] = []
+
+    def problem_done(self, outcomes: Sequence[ArmOutcome], now: float) -> list[str]:
+        """The lines of one finished problem's arms (`now`: the same clock as `started`)."""
+        self.done_problems += 1
+        left = self.problems - self.done_problems
+        per_problem = (now - self.started) / self.done_problems
+        eta = f"~{_duration(left * per_problem)} left at the current pace" if left else "all problems done"
+        lines = []
+        for outcome in outcomes:
+            self.outcomes.append(outcome)
+            passes = " ".join(
+                f"{arm.value} {sum(o.passed for o in self.outcomes if o.arm is arm)}/{self.done_problems}"
+                for arm in Arm
+            )
+            spent = sum(o.tokens_in + o.tokens_out for o in self.outcomes)
+            lines.append(
+                f"evaluation {len(self.outcomes)}/{self.problems * self.arms}: {outcome.problem_id} "
+                f"arm {outcome.arm.value} {'passed' if outcome.passed else 'failed'} "
+                f"({outcome.tokens_in + outcome.tokens_out:,} tokens, {outcome.wall_s:.0f} s); "
+                f"passes so far {passes}; {spent:,} tokens in all; {eta}"
+            )
+        return lines
+
+
+def _duration(seconds: float) -> str:
+    minutes = seconds / 60
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 90
+        else f"{minutes:.0f} min"
+        if minutes < 90
+        else f"{minutes / 60:.1f} h"
+    )
+
+
 def selection_efficiency(selected: float, one_sample: float, oracle: float) -> float | None:
     """(selected - one sample) / (oracle - one sample): 1 when the selector always finds a passing
     candidate that exists, 0 when it does no better than a random pick. None when the oracle gives

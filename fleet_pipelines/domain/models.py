@@ -10,8 +10,17 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 from .context import StoryContext
 from .tools import ToolStep
@@ -42,7 +51,7 @@ class Role(StrEnum):
 
 
 class DeliberationStatus(StrEnum):
-    """Outcome of a deliberation (SEED_REFERENCE statuses plus PARTIAL)."""
+    """Outcome of a deliberation (the old system's statuses plus PARTIAL)."""
 
     COMPLETED = "COMPLETED"
     PARTIAL = "PARTIAL"
@@ -100,7 +109,13 @@ class Constraints(BaseModel):
     metadata: dict[str, MetadataValue] = Field(
         default_factory=dict, max_length=MAX_METADATA_ENTRIES, description="Extra context shown to agents."
     )
-    max_iterations: int | None = Field(default=None, ge=1, le=10, description="Seed contract; unused.")
+    max_iterations: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="The most review rounds the task allows (the old system's iteration cap): a task "
+        "whose `rounds` exceed it is refused, never cut short silently.",
+    )
     timeout_seconds: float = Field(
         default=300.0, gt=0, le=3_600, description="Deliberation deadline in seconds, from the run's start."
     )
@@ -222,11 +237,28 @@ class Task(BaseModel):
         "files): assembled by the `workspace` asset, never part of a task's flat form.",
     )
 
+    @model_validator(mode="after")
+    def _rounds_within_cap(self) -> Task:
+        cap = self.constraints.max_iterations
+        if cap is not None and self.rounds > cap:
+            raise ValueError(
+                f"rounds {self.rounds} is more than constraints.max_iterations {cap} "
+                "(max_iterations caps the review rounds)"
+            )
+        return self
+
     @classmethod
     def from_fields(cls, task_id: str, fields: Mapping[str, Any]) -> Task:
-        """The task from its flat form (launchpad config, planned task, CLI): the one place the
-        constraint fields move under `constraints`. A field that is neither a task field nor a
-        constraint is rejected (extra inputs are not permitted), never dropped."""
+        """The task from its flat form (launchpad config, planned task, CLI) or the old system's
+        shape (`flat_form`): the one place the constraint fields move under `constraints`. A field
+        that is neither a task field nor a constraint is rejected (extra inputs are not
+        permitted), never dropped."""
+        try:
+            fields = flat_form(fields)
+        except PydanticCustomError as exc:
+            raise ValidationError.from_exception_data(
+                cls.__name__, [{"type": exc, "loc": (), "input": dict(fields)}]
+            ) from None
         constraints = {k: v for k, v in fields.items() if k in CONSTRAINT_FIELDS}
         top = {k: v for k, v in fields.items() if k not in CONSTRAINT_FIELDS}
         return cls.model_validate({"task_id": task_id, **top, "constraints": constraints})
@@ -239,6 +271,45 @@ class Task(BaseModel):
 
 CONSTRAINT_FIELDS = frozenset(Constraints.model_fields)
 ASSEMBLED_FIELDS = ("constraints", "context", "workspace_view")  # not fields of the flat form
+OLD_CONSTRAINTS = ("rubric", "requirements", "metadata", "max_iterations", "timeout_seconds")
+"""What the old system's task carried under `constraints` (its planners still send that shape)."""
+
+
+def flat_form(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A task's flat form, from itself or from the old system's task shape: `constraints:
+    {rubric, requirements[], metadata{}, max_iterations, timeout_seconds}` (any constraint of
+    ours is accepted there too) and `task_description` for `description`. Raises
+    PydanticCustomError naming a field given twice, or a `constraints` entry that is no
+    constraint, so nothing is dropped or overwritten silently."""
+    flat = dict(fields)
+    if "task_description" in flat:
+        if "description" in flat:
+            raise PydanticCustomError("task_shape", "task_description and description: give one of them")
+        flat["description"] = flat.pop("task_description")
+    if "constraints" not in flat:
+        return flat
+    nested = flat.pop("constraints")
+    if nested is None:
+        return flat
+    if not isinstance(nested, Mapping):
+        raise PydanticCustomError(
+            "task_shape", "constraints: expected an object, got {kind}", {"kind": type(nested).__name__}
+        )
+    for key, value in nested.items():
+        if key not in CONSTRAINT_FIELDS:
+            raise PydanticCustomError(
+                "task_shape",
+                "constraints.{key}: not a constraint (known: {known})",
+                {"key": str(key)[:80], "known": ", ".join(Constraints.model_fields)},
+            )
+        if key in flat:
+            raise PydanticCustomError(
+                "task_shape", "constraints.{key} and {key}: give one of them", {"key": key}
+            )
+        flat[key] = value
+    return flat
+
+
 STORY_FIELDS = ("story_id", "plan_id", "story_title", "story_description", "acceptance_criteria")
 """The plan's fields that every task of the plan shares: a planned task does not give its own."""
 

@@ -1,4 +1,4 @@
-"""Prompts for proposals, critiques and revisions (seed system contracts, SEED_REFERENCE.md)."""
+"""Prompts for proposals, critiques and revisions (the old system's role sentences and sections)."""
 
 from __future__ import annotations
 

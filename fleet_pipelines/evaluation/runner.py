@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import ray
 from pydantic import BaseModel, ConfigDict, Field
@@ -260,13 +260,16 @@ def run_problems(
     engine: AnyEngineSettings,
     dispatch: DispatchSettings,
     max_concurrent: int,
+    progress: Callable[[str], None] | None = None,
 ) -> list[ev.ArmOutcome]:
-    """Fans problems out as Ray tasks, at most `max_concurrent` at once; outcomes in problem order."""
+    """Fans problems out as Ray tasks, at most `max_concurrent` at once; outcomes in problem order.
+    `progress` gets a line per (problem, arm) as each problem finishes (`ev.EvaluationProgress`)."""
     task = _remote_problem.options(
         num_cpus=dispatch.num_cpus_per_turn, max_retries=dispatch.max_worker_retries, retry_exceptions=False
     )
     refs: dict[ray.ObjectRef, int] = {}
     results: dict[int, list[ev.ArmOutcome]] = {}
+    tracker = ev.EvaluationProgress(len(problems), len(ev.Arm), time.monotonic())
     pending = list(enumerate(problems))
     while pending or refs:
         while pending and len(refs) < max_concurrent:
@@ -274,5 +277,8 @@ def run_problems(
             refs[task.remote(problem, settings, engine, dispatch)] = index
         done, _ = ray.wait(list(refs), num_returns=1)
         for ref in done:
-            results[refs.pop(ref)] = ray.get(ref)
+            outcomes = results[refs.pop(ref)] = ray.get(ref)
+            for line in tracker.problem_done(outcomes, time.monotonic()):
+                if progress is not None:
+                    progress(line)
     return [outcome for index in sorted(results) for outcome in results[index]]

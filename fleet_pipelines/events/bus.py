@@ -226,6 +226,41 @@ class NatsSession:
             with contextlib.suppress(*_NATS_ERRORS):
                 await subscription.unsubscribe()
 
+    async def start_of_newest(self, stream: str, subject: str, count: int, deadline: float) -> int:
+        """The stream sequence after which the newest `count` messages on `subject` begin (0:
+        there are no more than `count`), for `read_after` to read those and no older ones.
+
+        Counts and walks the subject's sequences through an ephemeral, headers-only consumer of our
+        own (nothing acknowledged, deleted after), a batch of up to 1,000 sequences a request."""
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+            headers_only=True,
+            mem_storage=True,
+            inactive_threshold=30.0,
+        )
+        try:
+            sub = await self.js.pull_subscribe(subject, stream=stream, config=config)
+            info = None
+            try:
+                info = await sub.consumer_info()
+                skip, start = info.num_pending - count, 0
+                while skip > 0 and time.monotonic() < deadline:
+                    messages = await sub.fetch(min(skip, 1_000), timeout=self.request_timeout_s)
+                    for message in messages[:skip]:
+                        start = message.metadata.sequence.stream
+                    skip -= len(messages)
+                return start
+            finally:
+                await sub.unsubscribe()
+                if info is not None:  # else its inactive_threshold removes it
+                    with contextlib.suppress(*_NATS_ERRORS):
+                        await self.js.delete_consumer(stream, info.name)
+        except (TimeoutError, *_NATS_ERRORS) as exc:
+            raise NatsError(f"counting {subject} in {stream}: {_why(exc)}") from exc
+
     async def read_after(
         self, stream: str, subject: str, after_seq: int, max_messages: int, deadline: float
     ) -> AsyncIterator[StreamMessage]:

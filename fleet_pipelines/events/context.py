@@ -21,7 +21,7 @@ from .streams import CONTEXT_UPDATED
 if TYPE_CHECKING:
     from .bus import NatsSession
 
-MAX_CONTEXT_MESSAGES = 200  # of one story, oldest first (the stream keeps 7 days)
+MAX_CONTEXT_MESSAGES = 200  # of one story: its newest, oldest first (the stream keeps 7 days)
 READ_TIMEOUT_S = 10.0
 _TOKEN = re.compile(r"^[A-Za-z0-9_:-]{1,200}$")  # a NATS subject token of ours: no dots, no wildcards
 
@@ -57,14 +57,16 @@ def context_entry(stream: str, seq: int, data: bytes, story_id: str) -> ContextE
 
 
 async def read_context_updates(session: NatsSession, story_id: str) -> tuple[list[ContextEntry], int]:
-    """The story's context events, oldest first, and how many messages were skipped as unreadable."""
+    """The story's newest MAX_CONTEXT_MESSAGES context events, oldest first, and how many messages
+    were skipped as unreadable."""
     subject = context_subject(story_id)
     if subject is None:
         return [], 0
     stream = await session.stream_for(subject)
     entries, skipped = [], 0
     deadline = time.monotonic() + READ_TIMEOUT_S
-    async for message in session.read_after(stream, subject, 0, MAX_CONTEXT_MESSAGES, deadline):
+    after = await session.start_of_newest(stream, subject, MAX_CONTEXT_MESSAGES, deadline)
+    async for message in session.read_after(stream, subject, after, MAX_CONTEXT_MESSAGES, deadline):
         try:
             entries.append(context_entry(stream, message.seq, message.data, story_id))
         except (ValueError, RecursionError):

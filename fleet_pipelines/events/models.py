@@ -1,4 +1,4 @@
-"""Event envelope and payloads (DESIGN.md section 5), each with a `schema_version`.
+"""Event envelope and payloads, each with a `schema_version` (docs/design.md, NATS events).
 
 Incoming envelopes and plans ignore unknown fields (producers may add some), but a task does not:
 a field it does not know would be an instruction lost. Outgoing models are what we promise to
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from ..domain.models import STORY_FIELDS, Requirement, Role, Task, flat_task_fields
+from ..domain.models import STORY_FIELDS, Requirement, Role, Task, flat_form, flat_task_fields
 
 SCHEMA_VERSION = 1
 PRODUCER = "fleet-pipelines"
@@ -65,11 +65,17 @@ class Publishable(Protocol):
     def encoded(self) -> bytes: ...
 
 
+def _flat_form(cls: type, data: Any) -> Any:
+    return flat_form(data) if isinstance(data, dict) else data
+
+
 PlannedTask = create_model(
     "PlannedTask",
     __config__=ConfigDict(extra="forbid"),
-    __doc__="An explicit task in a plan: the domain Task's flat form (fields left out take the "
-    "defaults). An unknown field rejects the plan with its name, never dropped silently.",
+    __doc__="An explicit task in a plan: the domain Task's flat form, or the old system's shape "
+    "(`constraints: {rubric, requirements, metadata, max_iterations, timeout_seconds}`); fields "
+    "left out take the defaults. An unknown field rejects the plan with its name, never dropped.",
+    __validators__={"flat_form": model_validator(mode="before")(classmethod(_flat_form))},
     task_id=(
         str | None,
         Field(default=None, description="Partition key; derived from plan, role and position when absent."),

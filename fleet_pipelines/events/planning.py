@@ -181,7 +181,9 @@ def _plan(message: StreamMessage) -> list[PlannedDeliberation]:
         wanted = [
             (
                 task.task_id or derived_task_id(plan.plan_id, task.role.value, i),
-                task.model_dump(mode="json", exclude={"task_id"}),
+                # What the plan gave: a field it left out takes the code location's default (the
+                # launchpad config's), e.g. the deadline of DELIBERATION_TIMEOUT.
+                task.model_dump(mode="json", exclude={"task_id"}, exclude_unset=True),
             )
             for i, task in enumerate(plan.tasks)
         ]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 import dagster as dg
 from pydantic import Field
 
-from ..settings import DEFAULT_NATS_URL
+from ..settings import NO_NATS
 
 if TYPE_CHECKING:  # nats-py is imported when a session opens, not when the code location loads
     from ..events.bus import ConnectOptions, NatsSession
@@ -25,7 +25,11 @@ T = TypeVar("T")
 class NatsResource(dg.ConfigurableResource):
     """NATS with JetStream: the embedded `nats-server` of `make dev`, or any server via NATS_URL."""
 
-    url: str = Field(default=DEFAULT_NATS_URL, description="Server URL(s), e.g. nats://127.0.0.1:4222.")
+    url: str | None = Field(
+        default=None,
+        description="Server URL, e.g. nats://127.0.0.1:4223 (NATS_URL, else the running local stack's); "
+        "none: every connection fails saying so, never a guessed server.",
+    )
     token: str | None = Field(default=None, description="Auth token; pass dg.EnvVar('NATS_TOKEN').")
     user: str | None = Field(default=None, description="User name; pass dg.EnvVar('NATS_USER').")
     password: str | None = Field(default=None, description="Password; pass dg.EnvVar('NATS_PASSWORD').")
@@ -43,7 +47,11 @@ class NatsResource(dg.ConfigurableResource):
     )
 
     def options(self) -> ConnectOptions:
-        from ..events.bus import ConnectOptions
+        """How to connect; raises events.bus.NatsError when no server was chosen."""
+        from ..events.bus import ConnectOptions, NatsError
+
+        if not self.url:
+            raise NatsError(NO_NATS)
 
         return ConnectOptions(
             url=self.url,

@@ -39,12 +39,22 @@ def connect_ray(connect: Callable[[], T], attempts: int = CONNECT_ATTEMPTS) -> T
 class RayCluster(LocalRay):
     """The Ray cluster the runs' turns go to (RAY_ADDRESS; a private local Ray without it)."""
 
+    address: str | None = Field(
+        default=None,
+        description="The cluster to join (RAY_ADDRESS, else the running local stack's head); none: "
+        "ray.init's own choice, a private local Ray.",
+    )
+
     connect_attempts: int = Field(
         default=CONNECT_ATTEMPTS,
         ge=1,
         description="Tries to connect before the run fails: Ray Client's per-connection server can "
         "fail to start on a loaded head.",
     )
+
+    @property
+    def ray_address(self) -> str | None:  # type: ignore[override]
+        return self.address
 
     def connect(self, context: Any) -> Any:
         return connect_ray(lambda: LocalRay.connect(self, context), self.connect_attempts)

@@ -53,10 +53,14 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
         assert "agent-dev-002" in event.asset_materialization.metadata["preview"].value
 
         # What the planning service does: an approved plan on NATS; the daemon's sensor starts the run.
+        # The CLI runs as in a second shell in the stack's folder: a clean environment, nothing
+        # passed from the stack but what it recorded in .fleet/stack.json.
         fleet = [sys.executable, "-m", "fleet_pipelines.cli"]
+        clean = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
         submitted = subprocess.run(
             [*fleet, "deliberate", "Write sub(a, b) in Python.", "--agents", "1", "--rounds", "0"],
-            env=dev.env,
+            cwd=dev.root,
+            env=clean,
             capture_output=True,
             text=True,
             timeout=60,
@@ -65,7 +69,8 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
         task_id = submitted.stdout.strip()
         followed = subprocess.run(
             [*fleet, "result", task_id, "--follow", "--wait", "240"],
-            env=dev.env,
+            cwd=dev.root,
+            env=clean,
             capture_output=True,
             text=True,
             timeout=300,
@@ -78,3 +83,18 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
         assert any(line.startswith(f"task {task_id}: COMPLETED (from ") for line in lines)
     for port in dev.ports.values():
         assert not stack.port_open("127.0.0.1", port), f"port {port} still open after Ctrl-C"
+    # Stopped, the stack is forgotten: a command there now says how to start one, in one line.
+    assert not (dev.root / ".fleet" / "stack.json").exists()
+    orphan = subprocess.run(
+        [*fleet, "deliberate", "Write mul(a, b) in Python."],
+        cwd=dev.root,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert orphan.returncode == 1
+    assert (
+        orphan.stderr
+        == "fleet deliberate: no NATS server chosen: start the local stack (make dev) or set NATS_URL\n"
+    )

@@ -78,6 +78,18 @@ def test_tiny_evaluation_runs_every_arm_and_reports(stack_env, dagster_instance)
     png = re.search(r"base64,([A-Za-z0-9+/=]+)", metadata["plot"].value).group(1)
     assert base64.b64decode(png).startswith(b"\x89PNG")
     assert len(metadata["summary"].value.records) == len(Arm)
+    # Progress in the run log: a line for each problem and arm as its problem finished.
+    lines = [
+        e.user_message
+        for e in dagster_instance.all_logs(result.run_id)
+        if e.user_message.startswith("evaluation ")
+    ]
+    total = len(PROBLEMS) * len(Arm)
+    assert sorted(line.split(": ")[1].split(" (")[0].rsplit(" ", 1)[0] for line in lines) == sorted(
+        f"{p} arm {a.value}" for p in PROBLEMS for a in Arm
+    )
+    assert lines[-1].startswith(f"evaluation {total}/{total}: ") and lines[-1].endswith("all problems done")
+    assert all("passes so far A " in line and "tokens in all" in line for line in lines)
     current = {arm: metadata[f"pass_at_1_{arm.value}"].value for arm in Arm}
     assert current["A"] == by_arm["A"]["passed"].mean()
 

@@ -60,3 +60,27 @@ def test_an_invalid_task_is_refused_before_anything_runs(tmp_path: Path, nats_se
     )
     assert done.exit_code == 2
     assert "num_agents: Input should be less than or equal to 10" in done.output
+
+
+def test_fleet_runs_progress_shows_phases_turn_lines_and_warnings_not_dagsters_debug_log(capsys):
+    import dagster as dg
+
+    from fleet_pipelines.cli.run import run_loggers
+
+    @dg.asset
+    def proposals(context) -> int:
+        context.log.info("turn agent-dev-001 propose r0: completed, 12 tokens, queue 0.0 s, service 1.0 s")
+        context.log.info("2/2 proposals from the engine")  # Dagster's log only
+        context.log.warning("1 progress chunks could not be published")
+        return 1
+
+    job = dg.Definitions(assets=[proposals], jobs=[dg.define_asset_job("j")]).resolve_job_def("j")
+    progress = "proposals …\n  agent-dev-001 propose r0: completed, 12 tokens, queue 0.0 s, service 1.0 s\n"
+    for verbose in (False, True):
+        loggers, config = run_loggers(verbose)
+        assert job.with_logger_defs(loggers).execute_in_process(run_config={"loggers": config}).success
+        out, err = capsys.readouterr()
+        if verbose:  # --verbose: Dagster's own log as well, debug events included
+            assert out.startswith(progress) and "STEP_START" in err and "2/2 proposals from the engine" in err
+        else:
+            assert out == progress and err == "  warning: 1 progress chunks could not be published\n"

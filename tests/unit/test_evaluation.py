@@ -172,3 +172,38 @@ def test_fleet_suite_has_ten_tasks_for_other_roles_with_examples():
     assert len(problems) >= 10
     assert {p.role.value for p in problems} == {"DATA", "DEVOPS", "QA", "ARCHITECT"}
     assert all(ev.parse_examples(p) for p in problems)
+
+
+def test_progress_names_each_problem_and_arm_with_passes_tokens_and_time_left():
+    def outcome(problem: str, arm: ev.Arm, passed: bool) -> ev.ArmOutcome:
+        candidate = ev.Candidate(agent_id="a", round=0, has_code=True, passed=passed, hidden_status="passed")
+        return ev.ArmOutcome(
+            problem_id=problem,
+            arm=arm,
+            candidates=[candidate],
+            selected=0,
+            tokens_in=100,
+            tokens_out=20,
+            calls=1,
+            failed_calls=0,
+            wall_s=3.0,
+        )
+
+    progress = ev.EvaluationProgress(problems=2, arms=len(ev.Arm), started=0.0)
+    first = progress.problem_done(
+        [outcome("HumanEval/2", arm, arm is ev.Arm.COUNCIL) for arm in ev.Arm], 600.0
+    )
+    assert len(first) == len(ev.Arm)
+    assert first[0].startswith(
+        "evaluation 1/10: HumanEval/2 arm A failed (120 tokens, 3 s); passes so far A 0/1"
+    )
+    assert (
+        "D 1/1" in first[-1]
+        and "600 tokens in all" in first[-1]
+        and "~10 min left at the current pace" in first[-1]
+    )
+    second = progress.problem_done([outcome("HumanEval/23", arm, True) for arm in ev.Arm], 1200.0)
+    assert second[-1].startswith("evaluation 10/10: HumanEval/23 arm E passed")
+    assert "passes so far A 1/2 B 1/2 C 1/2 D 2/2 E 1/2" in second[-1] and second[-1].endswith(
+        "all problems done"
+    )

@@ -45,7 +45,7 @@ from fleet_pipelines.events.planning import (
 )
 from fleet_pipelines.history.stored import stored_path
 
-# The two samples of SEED_REFERENCE.md, verbatim.
+# The two sample messages of the old system's planning service, verbatim.
 LEGACY = b'{"story_id": "US-42", "plan_id": "P-42", "approved_by": "po@example.com", "roles": ["DEV", "QA"], "approved_at": "2026-11-25T10:00:00Z"}'  # noqa: E501
 ENVELOPED = b'{"event_type": "planning.plan.approved", "idempotency_key": "b7c1", "correlation_id": "c9", "timestamp": "2026-11-25T10:00:00Z", "producer": "planning-service", "metadata": {}, "payload": {"story_id": "US-43", "plan_id": "P-43", "approved_by": "po", "roles": ["ARCHITECT"], "timestamp": "2026-11-25T10:00:00Z"}}'  # noqa: E501
 

@@ -183,3 +183,34 @@ def test_a_story_of_two_tasks_the_second_sees_the_first_decision_story_fields_an
             dg.AssetRecordsFilter(STORY_DECISIONS, asset_partitions=[story]), limit=10
         ).records
         assert sorted(r.asset_materialization.metadata["task_id"].value for r in records) == ["t1", "t2"]
+
+
+def test_story_context_reads_the_newest_context_events_of_a_long_story(tmp_path: Path, nats_server: str):
+    """A story with more events than the bound: the newest ones reach the context, oldest first,
+    and another story's events on the same stream are not counted (a real nats-server)."""
+
+    from fleet_pipelines.events.context import MAX_CONTEXT_MESSAGES, read_context_updates
+
+    story, other = f"US-long-{tmp_path.name[-10:]}", f"US-other-{tmp_path.name[-10:]}"
+    count = MAX_CONTEXT_MESSAGES + 60
+
+    def event(story_id: str, i: int) -> tuple[str, EventEnvelope]:
+        return context_subject(story_id), EventEnvelope(
+            event_type="context.updated",
+            idempotency_key=f"ctx-{story_id}-{i}",
+            correlation_id=story_id,
+            payload={"story_id": story_id, "summary": f"fact {i}"},
+        )
+
+    nats = NatsResource(url=nats_server)
+    nats.publish([e for i in range(count) for e in (event(story, i), event(other, i))])
+    entries, skipped = nats.session(lambda session: read_context_updates(session, story))
+    texts = [e.text for e in entries]
+    assert skipped == 0 and len(texts) == MAX_CONTEXT_MESSAGES
+    assert texts[0] == f"fact {count - MAX_CONTEXT_MESSAGES}" and texts[-1] == f"fact {count - 1}"
+
+    async def consumers(session) -> int:  # the counting consumer is gone after the read
+        stream = await session.stream_for(context_subject(story))
+        return (await session.js.stream_info(stream)).state.consumer_count
+
+    assert nats.session(consumers) == 0

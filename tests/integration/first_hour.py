@@ -1,0 +1,153 @@
+"""A new user's first hour, inside a private network namespace (run by test_first_hour.py).
+
+Inside `unshare --net` (as root; `--user --map-root-user --net` otherwise), 127.0.0.1 is this
+run's alone: `make dev` listens on its default ports (3000, 8080, 6380, 4223) as on a fresh
+machine, and port 4222, where a machine often runs its own NATS, is first free and then held by a
+decoy nats-server that the user never chose. In a project folder laid out like a checkout
+(Makefile, pyproject.toml, .venv, the model folder), `make dev` runs in one process and the
+README's blocks run in another, each with a clean environment (`env -i`), as a second shell
+would. Prints a JSON report on stdout.
+
+    python -m tests.integration.first_hour PROJECT_DIR BLOCKS_JSON
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from fleet_pipelines.cli import REPO_ROOT
+from fleet_pipelines.llm.local_server import default_model_dir
+from fleet_pipelines.stack import port_open
+
+CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+DECOY_PORT, DECOY_MONITOR = 4222, 8222
+
+
+def loopback_up() -> None:
+    """`ip link set lo up` without iproute2: SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH", b"lo", 0)
+        flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, request)[:18])[1]
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 0x1))
+
+
+def lay_out(project: Path) -> None:
+    """A checkout as `make dev` and `dg` need it: the Makefile, pyproject.toml (its install stamp
+    and `dg`'s project), the package, the Dagster files, the virtualenv and the fetched model,
+    linked from this checkout."""
+    project.mkdir(parents=True, exist_ok=True)
+    for name in ("Makefile", "pyproject.toml", "fleet_pipelines", "workspace.yaml", "dagster.yaml", ".venv"):
+        (project / name).symlink_to(REPO_ROOT / name)
+    (project / ".fleet").mkdir()
+    (project / ".fleet" / "models").symlink_to(default_model_dir())
+
+
+def start_make_dev(project: Path, home: Path) -> subprocess.Popen:
+    process = subprocess.Popen(
+        ["make", "dev"],
+        cwd=project,
+        env={**CLEAN_ENV, "HOME": str(home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 400
+    output: list[str] = []
+    while not (output and "dagster UI:" in output[-1]):
+        if time.monotonic() > deadline or process.poll() is not None:
+            os.killpg(process.pid, signal.SIGINT)
+            raise RuntimeError("make dev did not start:\n" + "".join(output))
+        output.append(process.stdout.readline())
+    return process
+
+
+def run_block(project: Path, home: Path, block: str) -> dict:
+    """One README block as a second shell runs it: `env -i` plus PATH and HOME, `set -e`."""
+    started = time.monotonic()
+    clean = [f"{k}={v}" for k, v in {**CLEAN_ENV, "HOME": str(home)}.items()]
+    done = subprocess.run(
+        ["env", "-i", *clean, "bash", "-e", "-c", block],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return {
+        "block": block,
+        "rc": done.returncode,
+        "stdout": done.stdout,
+        "stderr": done.stderr,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def start_decoy(root: Path) -> subprocess.Popen:
+    """Another NATS (JetStream, monitoring on) on 4222: the server nobody chose."""
+    server = str(Path(sys.executable).with_name("nats-server"))
+    argv = [server, "--addr", "127.0.0.1", "--port", str(DECOY_PORT), "--jetstream"]
+    argv += ["--store_dir", str(root / "decoy"), "--http_port", str(DECOY_MONITOR)]
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while not port_open("127.0.0.1", DECOY_MONITOR):
+        if time.monotonic() > deadline:
+            raise RuntimeError("decoy nats-server did not start")
+        time.sleep(0.1)
+    return process
+
+
+def decoy_state() -> dict:
+    def get(path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{DECOY_MONITOR}{path}", timeout=5) as response:
+            return json.load(response)
+
+    varz, jsz = get("/varz"), get("/jsz")
+    return {
+        "total_connections": varz["total_connections"],
+        "in_msgs": varz["in_msgs"],
+        "streams": jsz.get("streams", 0),
+        "messages": jsz.get("messages", 0),
+    }
+
+
+def main(project: Path, blocks: list[str]) -> dict:
+    loopback_up()
+    home = Path(tempfile.mkdtemp(prefix="first-hour-home-"))
+    lay_out(project)
+    report: dict = {"passes": {}}
+    stack = start_make_dev(project, home)
+    decoy = None
+    try:
+        report["4222_free"] = not port_open("127.0.0.1", DECOY_PORT)
+        report["passes"]["nothing on 4222"] = [run_block(project, home, b) for b in blocks]
+        decoy = start_decoy(project)
+        report["passes"]["another NATS on 4222"] = [run_block(project, home, b) for b in blocks]
+        report["decoy"] = decoy_state()
+    finally:
+        os.killpg(stack.pid, signal.SIGINT)
+        report["make_dev_rc"] = stack.wait(120)
+        report["stack_record_left"] = (project / ".fleet" / "stack.json").exists()
+        if decoy is not None:
+            decoy.terminate()
+            decoy.wait(20)
+    return report
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(Path(sys.argv[1]), json.loads(sys.argv[2]))))
