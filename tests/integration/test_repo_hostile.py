@@ -220,3 +220,22 @@ def test_a_patch_cannot_write_outside_the_sandboxed_copy(tmp_path, root):
     assert evidence.applies and evidence.tests is not None and evidence.tests.status == "failed"
     assert not outside.exists()
     assert (Path(ws.path) / "a.py").read_text() == "x = 1\n"  # the workspace is read-only in there
+
+
+@needs_sandbox
+def test_declared_dependencies_are_installed_once_into_a_read_only_environment(tmp_path, root):
+    """The repository's requirements.txt (six, from the package index: the one step with network)
+    lands in the workspace's environment, which every sandboxed run mounts read-only."""
+    test = "import six\n\n\ndef test_six():\n    assert six.PY3\n"
+    source = make_repo(tmp_path / "src", {"requirements.txt": "six\n", "tests/test_six.py": test})
+    ws = prepare_workspace("deps", RepoSpec(url=str(source)), root)
+    assert ws.dependencies == ["six"]
+    assert ws.baseline is not None and ws.baseline.status == "passed" and ws.baseline.passed == 1
+    env = Path(ws.env_path)
+    assert (env / "six.py").exists() and (env / "pytest").is_dir()  # the test runner, copied from here
+    assert not os.stat(env / "six.py").st_mode & 0o222
+    again = prepare_workspace("deps", RepoSpec(url=str(source)), root)  # same commit: built once
+    assert (
+        again.env_path == ws.env_path
+        and os.stat(env / "six.py").st_mtime_ns == os.stat(Path(again.env_path) / "six.py").st_mtime_ns
+    )

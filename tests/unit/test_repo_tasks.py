@@ -105,3 +105,16 @@ def test_an_event_carries_a_large_patch_cut_at_a_line_end():
 )
 def test_the_file_index_names_languages(path, language):
     assert language_of(path) == language
+
+
+def test_a_private_remotes_token_comes_from_the_environment_only(monkeypatch):
+    from fleet_pipelines.resources.repos import ReposConfig
+    from fleet_pipelines.workspace.checkout import git_env
+
+    monkeypatch.setenv("FLEET_GIT_TOKEN", "s3cret")
+    assert ReposConfig().token() == "s3cret"
+    assert ReposConfig(token_env="OTHER_TOKEN").token() == ""
+    env = git_env("/nonexistent", "s3cret")
+    header = next(env[k.replace("KEY", "VALUE")] for k, v in env.items() if v == "http.extraHeader")
+    assert header.startswith("Authorization: Basic ") and "s3cret" not in header  # base64, in env only
+    assert "token" not in RepoSpec.model_fields  # never part of a task or its run config
