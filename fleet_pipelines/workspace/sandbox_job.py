@@ -242,8 +242,13 @@ def main():
             f.write(job["hidden_tests"])
         with open(f"{hidden}/pytest.ini", "w") as f:
             f.write("[pytest]\n")
-        argv = [sys.executable, "-m", "pytest", "-q", "--noconftest", "-c", f"{hidden}/pytest.ini"]
-        argv += ["--rootdir", hidden, f"{hidden}/test_fleet_hidden.py"]
+        # isolated (-I): no PYTHONPATH at start-up, so no sitecustomize or `pytest` of the patch's
+        # runs before pytest; the environment comes first on sys.path, the repository after it
+        args = ["-q", "--noconftest", "-c", f"{hidden}/pytest.ini", "--rootdir", hidden]
+        args.append(f"{hidden}/test_fleet_hidden.py")
+        paths = ["/mnt/env", *source_paths]
+        boot = f"import sys; sys.path[:0] = {paths!r}; import pytest; sys.exit(pytest.main({args!r}))"
+        argv = [sys.executable, "-I", "-B", "-c", boot]
         report["hidden"] = tests(
             argv, cwd, env, job["timeout_s"], f"{hidden}/report.xml", "the task's hidden tests"
         )

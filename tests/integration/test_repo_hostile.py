@@ -239,3 +239,27 @@ def test_declared_dependencies_are_installed_once_into_a_read_only_environment(t
         again.env_path == ws.env_path
         and os.stat(env / "six.py").st_mtime_ns == os.stat(Path(again.env_path) / "six.py").st_mtime_ns
     )
+
+
+@needs_sandbox
+def test_a_patch_that_forges_the_repositorys_own_tests_still_fails_the_hidden_ones(tmp_path, root):
+    """A conftest.py and a sitecustomize.py that exit 0 make the repository's own test command
+    "pass"; the hidden tests run isolated (their own configuration, no conftest, no start-up
+    hooks of the patch's) and still fail on the unfixed bug."""
+    source = make_repo(
+        tmp_path / "src",
+        {
+            "calc.py": "def add(a, b):\n    return a - b\n",
+            "tests/test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+        },
+    )
+    ws = prepare_workspace("forge", RepoSpec(url=str(source)), root)
+    forge = "".join(
+        f"--- /dev/null\n+++ b/{name}\n@@ -0,0 +1,2 @@\n+import os\n+os._exit(0)\n"
+        for name in ("conftest.py", "sitecustomize.py", "pytest.py")
+    )
+    hidden = "from calc import add\n\n\ndef test_add_hidden():\n    assert add(1, 1) == 2\n"
+    evidence = score_patch(ws, forge, hidden)
+    assert evidence.applies and evidence.tests is not None and evidence.tests.status == "passed"  # forged
+    assert evidence.hidden is not None and evidence.hidden.status == "failed"
+    assert (evidence.hidden.passed, evidence.hidden.failed) == (0, 1)
