@@ -52,6 +52,7 @@ def main() -> None:
     resources = {**resources, "council": council}
     rows = []
     try:
+        (tmp / "home").mkdir()
         with dg.instance_for_test(temp_dir=str(tmp / "home")) as instance:
             for case in REPO_CASES[: args.cases]:
                 fields = repo_task_fields(
