@@ -1,7 +1,7 @@
 """Repository tasks on the local stack: per deliberation, the tool calls the agents made, the
 engine time they cost and the sandbox time (workspace baseline, tool calls, patch scoring).
 
-Starts its own llama.cpp server (3 slots) and Ray head on free ports; one deliberation per
+Starts its own llama.cpp server (3 slots), Ray head and NATS server on free ports; one deliberation per
 generated repository (evaluation.repo_suite), 2 agents, 1 review round, tools on.
 
     .venv/bin/python benchmarks/repo_deliberation.py [--max-tokens 256] [--cases 3]
@@ -34,11 +34,13 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-repo-"))
     os.chmod(tmp, 0o755)
-    model_port, ray_port = stack.free_port(), stack.free_port()
+    model_port, ray_port, nats_port = stack.free_port(), stack.free_port(), stack.free_port()
     model = stack.start_model_server(tmp / "logs", model_port, parallel=3)
     ray_head = stack.start_ray_head(tmp / "logs", ray_port)
+    nats = stack.start_nats(tmp / "logs", nats_port, tmp / "nats")
     os.environ.update(
         {
+            "NATS_URL": f"nats://127.0.0.1:{nats_port}",
             "RAY_ADDRESS": f"127.0.0.1:{ray_port}",
             "FLEET_LLM_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
             "FLEET_STORAGE_PATH": str(tmp / "storage"),
@@ -85,6 +87,7 @@ def main() -> None:
     finally:
         ray_head.stop()
         model.stop()
+        nats.stop()
         make_writable(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
 

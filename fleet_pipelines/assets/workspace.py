@@ -39,7 +39,11 @@ def workspace(
         )
     try:
         ready = council.repos.prepare(task.task_id, task.repo)
-    except (CheckoutError, DependencyError) as exc:
+    except (
+        CheckoutError,
+        DependencyError,
+        ValueError,
+    ) as exc:  # ValueError: a workspace the sandbox cannot read
         raise dg.Failure(description=f"workspace of {task.task_id}: {exc}", allow_retries=False) from exc
     status = ready.baseline.status if ready.baseline else "not run"
     context.log.info(f"{task.repo.url} {task.repo.ref} -> {ready.commit}; baseline {status}")
