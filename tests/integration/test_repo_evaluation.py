@@ -75,3 +75,35 @@ def test_the_nightly_suite_can_join_the_repositories():
     assert suite.split_of(problems[-1]) == "test"
     with pytest.raises(ValueError, match="unknown suite"):
         get_suite("humaneval,nope")
+
+
+@pytest.mark.integration
+@needs_sandbox
+def test_a_tiny_repository_evaluation_runs_every_arm(stack_env, dagster_instance):
+    """The evaluation asset on the repository suite with the real engine (SmolLM2-135M): every
+    arm runs and reports, whatever the model writes."""
+    import dagster as dg
+
+    from fleet_pipelines.assets.evaluation import evaluation
+
+    config = {
+        "suite": "repos",
+        "problem_ids": ["repos/calc-add"],
+        "num_agents": 2,
+        "rounds": 1,
+        "max_tokens": 128,
+        "max_samples_b": 4,
+        "max_concurrent_problems": 1,
+        "bootstrap_resamples": 200,
+    }
+    result = dg.materialize(
+        [evaluation],
+        resources=stack_env,
+        instance=dagster_instance,
+        partition_key="2026-01-03",
+        run_config={"ops": {"evaluation": {"config": config}}},
+    )
+    assert result.success
+    df = result.output_for_node("evaluation")
+    assert sorted(df["arm"]) == sorted(a.value for a in ev.Arm)
+    assert set(df["problem_id"]) == {"repos/calc-add"}
