@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,9 +36,9 @@ from fleet_pipelines.domain.models import TurnResult
 from fleet_pipelines.domain.scoring import ProposalScore
 from fleet_pipelines.domain.workspace import Workspace
 from fleet_pipelines.evaluation.repo_suite import REPO_CASES, create_repo, repo_task_fields
+from fleet_pipelines.events.streams import streaming_subject
 from fleet_pipelines.history.stored import read_stored
 from fleet_pipelines.resources.council import CouncilResource
-from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.io import DomainIOManager
 from fleet_pipelines.resources.repos import ReposConfig
 from fleet_pipelines.scoring.sandbox import isolation_available
@@ -90,7 +91,7 @@ def workspaces() -> Iterator[Path]:
 
 
 def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
-    tmp_path: Path, nats_server: str, workspaces: Path
+    tmp_path: Path, nats_resource, workspaces: Path
 ):
     source = create_repo(CASE, tmp_path / "calc")
     remote = tmp_path / "remote.git"
@@ -109,7 +110,7 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
             "turn_runner": runner,
             "council": council,
             "io_manager": DomainIOManager(base_path=str(storage)),
-            "nats": NatsResource(url=nats_server),
+            "nats": nats_resource,
         },
     )
     (tmp_path / "home").mkdir()
@@ -149,6 +150,15 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
     assert steps[1].output.startswith("tests passed (2 passed, 0 failing)")
     assert steps[2].text == "{name: search_text}" and steps[2].output.startswith("error: not JSON")
     assert looked.engine_calls == 4 and looked.tool_ms > 0 and CASE.fix in looked.content
+    chunks = streamed(nats_resource, task_id, "agent-dev-003")  # the live progress of that turn
+    assert [c["seq"] for c in chunks] == list(range(len(chunks))) and chunks[-1]["done"]
+    text = "".join(c["text"] for c in chunks)
+    assert (
+        '[tool read_file {"path": "calc.py"}' in text
+        and "[tool run_tests" in text
+        and "[tool ? '{name" in text
+    )
+    assert text.index("[tool read_file") < text.index("[tool run_tests") < text.index(CASE.fix)
     others = [p for p in proposals if p.agent_id != "agent-dev-003"]
     assert all(p.engine_calls == 1 and not p.tool_steps for p in others)  # answered at once
 
@@ -179,6 +189,21 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
     )
     assert cli.exit_code == 0, cli.output
     assert cli.output == CASE.fix
+
+
+def streamed(nats_resource, task_id: str, agent_id: str) -> list[dict]:
+    """The chunks of an agent's proposal turn on vllm.streaming.{task_id}, in stream order."""
+
+    async def read(session) -> list[dict]:
+        out = []
+        deadline = time.monotonic() + 10
+        async for message in session.read_after(
+            "VLLM_STREAMING", streaming_subject(task_id), 0, 10_000, deadline
+        ):
+            out.append(json.loads(message.data)["payload"])
+        return out
+
+    return [c for c in nats_resource.session(read) if c["agent_id"] == agent_id and c["kind"] == "propose"]
 
 
 def test_the_outcome_event_carries_the_patch_size_bounded():
