@@ -10,17 +10,17 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
-from urllib.parse import urlparse
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from .events.options import DEFAULT_NATS_URL
 from .llm.local_server import MODEL_NAME
 
 if TYPE_CHECKING:
+    from .resources.council import CouncilResource
     from .resources.events import NatsResource
 
 DEFAULT_LLM_URL = "http://127.0.0.1:8080/v1"
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 # Secrets are never values here: settings only note that they are set, and the resources read
 # them through dg.EnvVar, so they stay out of run config, the UI and the event log.
 NATS_SECRETS = (
@@ -169,6 +169,11 @@ class FleetSettings(BaseModel):
         return self.storage_path or str(self.state_path / "storage")
 
     @property
+    def outbox(self) -> str:
+        """Where runs keep the events NATS did not take, beside the asset values."""
+        return f"{self.storage.rstrip('/')}/outbox"
+
+    @property
     def eval_schedule_running(self) -> bool:
         return self.eval_schedule.lower() in {"on", "1", "true", "running"}
 
@@ -180,7 +185,9 @@ class FleetSettings(BaseModel):
         limits runs per engine): the vLLM model of the engine actor, or the server's host:port."""
         if self.engine_backend == "vllm_actor":
             return f"vllm-actor:{Path(self.vllm_model or 'none').name}"
-        return urlparse(self.llm_base_url).netloc or self.llm_base_url
+        from .domain.councils import engine_id
+
+        return engine_id(self.llm_base_url)
 
     def nats(self) -> NatsResource:
         import dagster as dg
@@ -188,14 +195,20 @@ class FleetSettings(BaseModel):
         from .resources.events import NatsResource
 
         secrets = {field: dg.EnvVar(var) for field, var in NATS_SECRETS if field in self.nats_secrets_set}
-        return NatsResource(url=self.nats_url, stream_replicas=self.nats_stream_replicas, **secrets)
+        return NatsResource(
+            url=self.nats_url, stream_replicas=self.nats_stream_replicas, outbox_path=self.outbox, **secrets
+        )
+
+    def council(self) -> CouncilResource:
+        from .resources.council import CouncilResource
+
+        return CouncilResource(max_tokens=self.max_tokens, councils_file=self.councils_file)
 
     def resources(self) -> dict[str, object]:
         """Every resource of the code location."""
         import dagster as dg
 
         from .resources.config import EngineConfig, OpenAIEngineConfig, VLLMActorConfig
-        from .resources.council import CouncilResource
         from .resources.history import HistoryResource
         from .resources.io import DomainIOManager, ParquetIOManager
         from .resources.ray_cluster import RayCluster
@@ -234,7 +247,7 @@ class FleetSettings(BaseModel):
                 ray := RayCluster(ray_init_options={"ignore_reinit_error": True, "log_to_driver": False})
             ),
             "turn_runner": RayTurnRunner(engine=engine, ray_cluster=ray),
-            "council": CouncilResource(max_tokens=self.max_tokens, councils_file=self.councils_file),
+            "council": self.council(),
             "io_manager": DomainIOManager(base_path=self.storage),
             "frames_io_manager": ParquetIOManager(base_path=self.storage),
             "history": HistoryResource(base_path=self.storage, max_age_seconds=self.retention_seconds),

@@ -12,14 +12,17 @@ import dagster as dg
 
 from ..domain.context import ContextEntry, StoryContext, assemble, decision_text, story_entry
 from ..domain.decision import Decision
-from ..domain.models import Task, TurnResult
+from ..domain.models import Task
 from ..events.context import read_context_updates
 from ..events.streams import NatsError
+from ..history.runs import run_started
+from ..names import DELIBERATION_GROUP, STORY_GROUP
+from ..names import STORY_DECISIONS as STORY_DECISIONS_NAME
 from ..resources.events import NatsResource
-from .partitions import STORY_GROUP, deliberation_partitions, story_partitions
+from .partitions import deliberation_partitions, story_partitions
 from .previews import table
 
-STORY_DECISIONS = dg.AssetKey("story_decisions")
+STORY_DECISIONS = dg.AssetKey(STORY_DECISIONS_NAME)
 
 story_decisions = dg.AssetSpec(
     STORY_DECISIONS,
@@ -30,9 +33,7 @@ story_decisions = dg.AssetSpec(
 )
 
 
-def report_story_decision(
-    context: dg.AssetExecutionContext, task: Task, decision: Decision, winner: TurnResult | None
-) -> None:
+def report_story_decision(context: dg.AssetExecutionContext, task: Task, decision: Decision) -> None:
     """Records this deliberation's decision in its story's `story_decisions` partition."""
     if not task.story_id:
         return
@@ -48,7 +49,7 @@ def report_story_decision(
                 "run_id": context.run_id,
                 "status": decision.status.value,
                 "winner_id": decision.winner_id or "",
-                "winner_summary": winner.content if winner else "",
+                "winner_summary": decision.winner_content,
                 "rationale": rationale,
             },
         )
@@ -89,7 +90,7 @@ def prior_decisions(context: dg.AssetExecutionContext, task: Task, before: float
 
 @dg.asset(
     partitions_def=deliberation_partitions,
-    group_name="deliberation",
+    group_name=DELIBERATION_GROUP,
     kinds={"python"},
     deps=[dg.AssetDep(STORY_DECISIONS, partition_mapping=dg.AllPartitionMapping())],
 )
@@ -101,8 +102,7 @@ def story_context(
     (`story_decisions`), bounded in size, each entry with its source."""
     task = deliberation_task
     story = story_entry(task.plan_id, task.story_title, task.story_description, task.acceptance_criteria)
-    record = context.instance.get_run_record_by_id(context.run_id)
-    started = record.start_time if record is not None and record.start_time else None
+    started = run_started(context.instance, context.run_id)
     decisions = prior_decisions(context, task, before=started) if started else []
     updates: list[ContextEntry] = []
     events_note = "no story id"

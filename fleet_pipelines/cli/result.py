@@ -1,4 +1,4 @@
-"""`fleet result`: a task's status and results (events/results.py looks them up)."""
+"""`fleet result`: a task's status and results (history/results.py looks them up)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def _lookup(task_id: str, wait: float, follow: bool, settings: FleetSettings) ->
     """The task's status from the Dagster instance, polled until final with --wait/--follow."""
     import dagster as dg
 
-    from ..events.results import find_task_in_stream, finished_turns, task_result
+    from ..events.plan_lookup import find_task_in_stream
+    from ..history.results import finished_turns, task_result
     from ..history.log import read_log
     from ..history.stored import read_stored
     from ..history.task_result import TERMINAL, TaskStatus

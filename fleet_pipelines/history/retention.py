@@ -13,7 +13,7 @@ from collections import Counter
 import dagster as dg
 from pydantic import BaseModel, Field
 
-from .log import DECISION, day_of, latest_decision_ids, read_log
+from .log import DECISION_KEY, day_of, latest_decision_ids, read_log
 from .stored import stored_path
 
 PAGE = 500
@@ -97,7 +97,7 @@ def expire(
             {
                 r.partition_key: r
                 for r in instance.fetch_materializations(
-                    dg.AssetRecordsFilter(asset_key=DECISION, storage_ids=list(latest.values())),
+                    dg.AssetRecordsFilter(asset_key=DECISION_KEY, storage_ids=list(latest.values())),
                     limit=len(latest),
                 ).records
             }

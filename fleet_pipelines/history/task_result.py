@@ -4,7 +4,7 @@
 loading a Dagster instance alone takes longer): when the task's stored decision was written by
 the run that also stored its task (the first asset of every run), that run is the task's latest
 started run and it has decided. Anything else (no decision yet, a newer run going, a retried run,
-a partition removed by retention) goes to the full lookup, events/results.py.
+a partition removed by retention) goes to the full lookup, history/results.py.
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ from datetime import timedelta
 
 import dagster as dg
 
-from ..assets import DELIBERATION_PARTITIONS
 from ..assets.decision_log import decision_log_job
 from ..assets.deliberation import deliberation_assets
 from ..history.log import DAY_FORMAT
 from ..history.retention import expire
+from ..names import DELIBERATION_PARTITIONS, RETENTION_JOB
 from ..resources.history import HistoryResource
 from ..settings import FleetSettings
 

@@ -10,7 +10,7 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from fleet_pipelines.assets import DELIBERATION_JOB
+from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.assets.deliberation import (
     build_deliberation_job,
     deliberation_assets,

@@ -15,7 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from fleet_pipelines.assets import DELIBERATION_JOB
+from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.assets.deliberation import (
     build_deliberation_job,
     deliberation_assets,

@@ -1,0 +1,17 @@
+"""When a run started and ended, from the Dagster instance (one indexed lookup by run id)."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+
+def run_times(instance: dg.DagsterInstance, run_id: str) -> tuple[float | None, float | None]:
+    """(start, end) of a run as time.time() values; None for what has not happened (or is unknown)."""
+    record = instance.get_run_record_by_id(run_id)
+    if record is None:
+        return None, None
+    return record.start_time or None, record.end_time or None
+
+
+def run_started(instance: dg.DagsterInstance, run_id: str) -> float | None:
+    return run_times(instance, run_id)[0]
