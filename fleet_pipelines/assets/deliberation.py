@@ -17,6 +17,7 @@ import dagster as dg
 from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
+from ..dagster_private import defs_state_storage
 from ..domain.context import StoryContext
 from ..domain.councils import Convened, CouncilsFileError
 from ..domain.decision import Decision, decide
@@ -370,13 +371,8 @@ def materialize_deliberation(
     raise_on_error: bool = True,
 ) -> dg.ExecuteInProcessResult:
     """Adds the partition and runs one deliberation in this process (tests, benchmarks, notebooks)."""
-    from dagster._core.storage.defs_state.base import set_defs_state_storage
-
     instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    # Dagster loads the definitions against the defs-state storage of the current context; one
-    # left there by an instance since collected fails the load ("Attempted to resolve undefined
-    # DagsterInstance weakref", seen in a long test session), so this run's instance is named.
-    with set_defs_state_storage(instance.defs_state_storage):
+    with defs_state_storage(instance):  # this run's instance, not one left in the context
         return dg.materialize(
             deliberation_assets,
             resources=resources,
