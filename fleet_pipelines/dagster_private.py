@@ -34,7 +34,9 @@ def _private(where: tuple[str, str]) -> Any:
     return getattr(import_module(module), name)
 
 
-def delete_dynamic_partitions(instance: dg.DagsterInstance, partitions_def_name: str, keys: list[str]) -> None:
+def delete_dynamic_partitions(
+    instance: dg.DagsterInstance, partitions_def_name: str, keys: list[str]
+) -> None:
     """Removes `keys` from a dynamic partitions definition in one statement."""
     if not keys:
         return
@@ -42,7 +44,9 @@ def delete_dynamic_partitions(instance: dg.DagsterInstance, partitions_def_name:
     table = _private(DYNAMIC_PARTITIONS_TABLE)
     with instance.event_log_storage.index_connection() as conn:
         conn.execute(
-            table.delete().where(table.c.partitions_def_name == partitions_def_name, table.c.partition.in_(keys))
+            table.delete().where(
+                table.c.partitions_def_name == partitions_def_name, table.c.partition.in_(keys)
+            )
         )
 
 

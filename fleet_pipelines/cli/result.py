@@ -63,8 +63,8 @@ def _lookup(task_id: str, wait: float, follow: bool, settings: FleetSettings) ->
     import dagster as dg
 
     from ..events.plan_lookup import find_task_in_stream
-    from ..history.results import finished_turns, task_result
     from ..history.log import read_log
+    from ..history.results import finished_turns, task_result
     from ..history.stored import read_stored
     from ..history.task_result import TERMINAL, TaskStatus
 

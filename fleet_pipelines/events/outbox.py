@@ -11,6 +11,7 @@ storage path (a local folder or `s3://…`), beside the asset values.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
@@ -91,10 +92,8 @@ class Outbox:
         if left:
             self._write(path, KeptBatch(run_id=path.parent.name, events=list(left)))
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):  # sent meanwhile by another flush
             path.unlink()
-        except FileNotFoundError:
-            pass
         if not any(True for _ in path.parent.iterdir()):
             path.parent.rmdir()
 

@@ -1,4 +1,5 @@
-"""Whether an approved plan in the planning stream names a task (`fleet result` of a task no run knows yet)."""
+"""Whether an approved plan in the planning stream names a task (`fleet result` of a task no run
+knows yet)."""
 
 from __future__ import annotations
 

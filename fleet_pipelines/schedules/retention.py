@@ -48,7 +48,7 @@ def expire_deliberations(context: dg.OpExecutionContext, history: HistoryResourc
     )
 
 
-@dg.job(executor_def=dg.in_process_executor)
+@dg.job(name=RETENTION_JOB, executor_def=dg.in_process_executor)
 def retention_job():
     """Removes deliberations older than the retention age (once in the decision log)."""
     expire_deliberations()

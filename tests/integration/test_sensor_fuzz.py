@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet_pipelines.events.bus import connect
-from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.events.planning import MAX_MESSAGE_BYTES
 from fleet_pipelines.events.streams import PLAN_APPROVED
+from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.sensors.planning import Cursor, drain, run_requests
 from tests.unit.test_planning_fuzz import enveloped, legacy, raw_bodies
 

@@ -26,6 +26,7 @@ from fleet_pipelines.resources.history import HistoryResource
 from fleet_pipelines.sensors import planning as planning_module
 from fleet_pipelines.sensors.planning import PLANNING_SENSOR, Cursor
 from fleet_pipelines.sensors.run_failure import RUN_FAILURE_SENSOR
+from tests.factories import read_subject
 from tests.unit.test_events import ENVELOPED, LEGACY
 
 pytestmark = pytest.mark.integration
@@ -39,16 +40,6 @@ def publish_raw(nats: NatsResource, data: bytes, msg_id: str | None = None) -> i
             PLAN_APPROVED, data, headers={"Nats-Msg-Id": msg_id} if msg_id else None
         )
         return ack.seq
-
-    return nats.session(work)
-
-
-def read_subject(nats: NatsResource, stream: str, subject: str) -> list[dict]:
-    async def work(session) -> list[dict]:
-        return [
-            json.loads(m.data)
-            async for m in session.read_after(stream, subject, 0, 100, time.monotonic() + 5)
-        ]
 
     return nats.session(work)
 

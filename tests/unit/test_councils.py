@@ -10,7 +10,6 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.assets.deliberation import (
     build_deliberation_job,
     deliberation_assets,
@@ -20,6 +19,7 @@ from fleet_pipelines.assets.partitions import deliberation_partitions
 from fleet_pipelines.cli import fleet
 from fleet_pipelines.domain.councils import CouncilsFileError, parse_councils
 from fleet_pipelines.domain.models import Role, Task, TurnKind
+from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.io import DomainIOManager

@@ -15,7 +15,6 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.assets.deliberation import (
     build_deliberation_job,
     deliberation_assets,
@@ -29,6 +28,7 @@ from fleet_pipelines.events.planning import InvalidEvent, StreamMessage, plan_de
 from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM
 from fleet_pipelines.history.stored import dump_value, read_stored, stored_path
 from fleet_pipelines.history.task_result import stored_result
+from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.io import DomainIOManager

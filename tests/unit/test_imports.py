@@ -120,4 +120,6 @@ def test_the_walk_sees_a_cycle_and_an_upward_import():
     """The checks above would catch what they are for."""
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     edges = set(imported("fleet_pipelines.history.log", PACKAGE / "history" / "log.py", set(modules())))
-    assert "fleet_pipelines.names" in edges and layer("fleet_pipelines.assets.story") > layer("fleet_pipelines.history.log")
+    assert "fleet_pipelines.names" in edges and layer("fleet_pipelines.assets.story") > layer(
+        "fleet_pipelines.history.log"
+    )
