@@ -39,8 +39,9 @@ def turn(
 
 
 def plan(story_id: str = "US-1", plan_id: str = "P-1", **fields: Any) -> dict:
-    """An approved plan's payload in the old system's shape (one deliberation per role)."""
-    return {
+    """An approved plan's payload in the old system's shape (one deliberation per role); a field
+    given as None is left out."""
+    payload = {
         "story_id": story_id,
         "plan_id": plan_id,
         "approved_by": "po",
@@ -48,6 +49,7 @@ def plan(story_id: str = "US-1", plan_id: str = "P-1", **fields: Any) -> dict:
         "approved_at": APPROVED_AT,
         **fields,
     }
+    return {k: v for k, v in payload.items() if v is not None}
 
 
 def plan_envelope(key: str, payload: dict) -> EventEnvelope:
