@@ -199,10 +199,11 @@ class FleetSettings(BaseModel):
             url=self.nats_url, stream_replicas=self.nats_stream_replicas, outbox_path=self.outbox, **secrets
         )
 
-    def council(self) -> CouncilResource:
+    def council(self, councils_file: str | None = None) -> CouncilResource:
+        """The council resource; `councils_file` in place of FLEET_COUNCILS_FILE's."""
         from .resources.council import CouncilResource
 
-        return CouncilResource(max_tokens=self.max_tokens, councils_file=self.councils_file)
+        return CouncilResource(max_tokens=self.max_tokens, councils_file=councils_file or self.councils_file)
 
     def resources(self) -> dict[str, object]:
         """Every resource of the code location."""

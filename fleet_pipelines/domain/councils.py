@@ -139,6 +139,15 @@ class RoleCouncil(BaseModel):
             update["max_tokens"] = self.max_tokens
         return base.model_copy(update=update)
 
+    def given(self) -> list[str]:
+        """The values the file sets for this role, by name (`budgets.propose`, `weights.tests`)."""
+        given = []
+        for name in sorted(self.model_fields_set):
+            value = getattr(self, name)
+            nested = value.model_fields_set if isinstance(value, BaseModel) else ()
+            given += [f"{name}.{field}" for field in sorted(nested)] or [name]
+        return given
+
     def shape(self, agents: list[AgentSpec]) -> list[AgentSpec]:
         """The council with this role's agent profiles applied (agent i takes profile i, cycled)."""
         if not self.agents:
