@@ -45,6 +45,9 @@ class TaskResult(BaseModel):
     ranking: list[dict] = Field(default_factory=list, description="Agents by score.")
     reasons: list[str] = Field(default_factory=list, description="Why this status and winner.")
     winner_content: str | None = Field(default=None, description="The winning proposal.")
+    events_pending: int = Field(
+        default=0, description="Events of the run kept while NATS was unreachable, not yet published."
+    )
 
 
 def from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:

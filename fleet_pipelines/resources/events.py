@@ -134,13 +134,15 @@ class NatsResource(_ConnectFields):
         if outbox is None or not run_ids:
             return report
         try:
-            with self.publisher(run_ids[0]) as sink:
-                for run_id in run_ids:
+            with self.publisher(run_ids[0]) as sink:  # sends the first run's kept events
+                for run_id in run_ids[1:]:
                     sink.run_id = run_id
-                    sent, duplicates = sink.flush()
-                    report.sent += sent
-                    report.duplicates += duplicates
-                report.error = sink.unreachable
+                    sink.flush()
+                report.sent, report.duplicates, report.error = (
+                    sink.resent,
+                    sink.resent_duplicates,
+                    sink.unreachable,
+                )
         finally:
             report.pending = sum(outbox.pending(run_id) for run_id in run_ids)
         return report
@@ -183,6 +185,7 @@ class EventSink:
         self.run_id = run_id
         self.unreachable = unreachable  # why NATS is not taking events (None: it is)
         self.kept = 0  # events kept in the outbox by this sink
+        self.resent = self.resent_duplicates = 0  # kept events it sent (dropped as copies)
         self._chunks: list[tuple[Future | None, Event]] = []  # progress chunks, checked at close
         self._lock = threading.Lock()
 
@@ -210,12 +213,11 @@ class EventSink:
         with self._lock:
             self._chunks.append((future, event))
 
-    def flush(self) -> tuple[int, int]:
-        """Sends this run's kept events, oldest first: (sent, dropped as duplicates). Stops at the
-        first failure, keeping the rest."""
-        sent = duplicates = 0
+    def flush(self) -> None:
+        """Sends this run's kept events, oldest first (counted in `resent`, and in
+        `resent_duplicates` those JetStream had); stops at the first failure, keeping the rest."""
         if self._outbox is None or self._session is None or self.unreachable is not None:
-            return sent, duplicates
+            return
         for path in self._outbox.batches(self.run_id):
             try:
                 events = self._outbox.read(path).events
@@ -227,11 +229,10 @@ class EventSink:
                 except (NatsError, TimeoutError) as exc:
                     self.unreachable = str(exc) or type(exc).__name__
                     self._outbox.done(path, events[i:])
-                    return sent, duplicates
-                sent += 1
-                duplicates += duplicate
+                    return
+                self.resent += 1
+                self.resent_duplicates += duplicate
             self._outbox.done(path)
-        return sent, duplicates
 
     def close(self) -> None:
         """Waits for the chunks in flight, then keeps those that were not taken."""

@@ -22,10 +22,10 @@ from fleet_pipelines.domain.models import Role, Task, TurnKind
 from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.config import EngineConfig, OpenAIEngineConfig, ScoringWeightsConfig
 from fleet_pipelines.resources.council import CouncilResource
-from fleet_pipelines.resources.ray_cluster import RayCluster
-from fleet_pipelines.resources.turns import RayTurnRunner
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.io import DomainIOManager
+from fleet_pipelines.resources.ray_cluster import RayCluster
+from fleet_pipelines.resources.turns import RayTurnRunner
 from tests.scripted import ScriptedTurnRunner, recorded
 
 COUNCILS = """\
@@ -207,7 +207,9 @@ def test_councils_list_and_show_work_without_a_file_and_say_where_values_come_fr
     )
     assert [a["temperature"] for a in dev["agents"]] == [0.1, 1.1, 0.1]
     # The file's budgets replace FLEET_MAX_TOKENS for the role; revise keeps the resource's budget.
-    assert dev["budgets"] == {"propose": 200, "critique": 100, "revise": 256} and dev["judge_max_tokens"] == 64
+    assert (
+        dev["budgets"] == {"propose": 200, "critique": 100, "revise": 256} and dev["judge_max_tokens"] == 64
+    )
 
 
 ENGINES = """\
