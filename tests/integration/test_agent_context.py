@@ -165,7 +165,7 @@ def test_a_councils_file_routes_each_roles_turns_to_its_engine(
             assert result.success
             assert all(p.ok for p in result.output_for_node("proposals")), role
             counts.append({name: _launched(logs[name] / "model-server.log") for name in servers})
-            [meta] = result.asset_materializations_for_node("proposals")
+            [meta] = result.asset_materializations_for_node("council")
             assert meta.metadata["councils_file_version"].value == "two-engines-1"
         dev, qa = counts
         assert dev["coder"] >= 2 and dev["tester"] == 0  # DEV's proposals (and judge turns) on coder
