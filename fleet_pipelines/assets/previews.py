@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
+from ..domain.context import StoryContext
 from ..domain.councils import Convened
 from ..domain.decision import Decision, rank
 from ..domain.deliberation import current_versions
@@ -137,4 +138,19 @@ def decision_metadata(decision: Decision) -> dict[str, dg.RawMetadataValue]:
         "winner": decision.winner_id or "none",
         "ranking": dg.MetadataValue.md(ranking or "_none_"),
         "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in decision.reasons)),
+    }
+
+
+def story_context_metadata(
+    built: StoryContext, events_note: str, prior_decisions: int
+) -> dict[str, dg.RawMetadataValue]:
+    """The story context's sources, what was dropped to fit, and the text the prompts show."""
+    rows = [{"kind": e.kind, "source": e.source, "chars": len(e.text)} for e in built.entries]
+    return {
+        "story_id": built.story_id or "none",
+        "sources": table(rows, ["kind", "source", "chars"]),
+        "context_events": events_note,
+        "prior_decisions": prior_decisions,
+        "dropped_for_size": dg.MetadataValue.md("\n".join(f"- {d}" for d in built.dropped) or "_none_"),
+        "context": dg.MetadataValue.md(built.render() or "_no story context_"),
     }

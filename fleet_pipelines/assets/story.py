@@ -20,7 +20,7 @@ from ..names import DELIBERATION_GROUP, STORY_GROUP
 from ..names import STORY_DECISIONS as STORY_DECISIONS_NAME
 from ..resources.events import NatsResource
 from .partitions import deliberation_partitions, story_partitions
-from .previews import table
+from .previews import story_context_metadata
 
 STORY_DECISIONS = dg.AssetKey(STORY_DECISIONS_NAME)
 
@@ -88,6 +88,21 @@ def prior_decisions(context: dg.AssetExecutionContext, task: Task, before: float
     return list(latest.values())
 
 
+def context_events(
+    context: dg.AssetExecutionContext, nats: NatsResource, story_id: str | None
+) -> tuple[list[ContextEntry], str]:
+    """The story's `context.updated` events, and what the UI says of reading them. Without NATS
+    the context is built without them (a warning), never failing the run."""
+    if not story_id:
+        return [], "no story id"
+    try:
+        updates, skipped = nats.session(lambda session: read_context_updates(session, story_id))
+    except NatsError as exc:
+        context.log.warning(f"context events of story {story_id} not read: {exc}")
+        return [], f"not read: {exc}"
+    return updates, f"{len(updates)} read" + (f", {skipped} unreadable skipped" if skipped else "")
+
+
 @dg.asset(
     partitions_def=deliberation_partitions,
     group_name=DELIBERATION_GROUP,
@@ -104,25 +119,6 @@ def story_context(
     story = story_entry(task.plan_id, task.story_title, task.story_description, task.acceptance_criteria)
     started = run_started(context.instance, context.run_id)
     decisions = prior_decisions(context, task, before=started) if started else []
-    updates: list[ContextEntry] = []
-    events_note = "no story id"
-    if task.story_id:
-        try:
-            updates, skipped = nats.session(lambda session: read_context_updates(session, task.story_id))
-            events_note = f"{len(updates)} read" + (f", {skipped} unreadable skipped" if skipped else "")
-        except NatsError as exc:
-            events_note = f"not read: {exc}"
-            context.log.warning(f"context events of story {task.story_id} not read: {exc}")
+    updates, events_note = context_events(context, nats, task.story_id)
     built = assemble(task.story_id, story, decisions, updates)
-    rows = [{"kind": e.kind, "source": e.source, "chars": len(e.text)} for e in built.entries]
-    return dg.Output(
-        built,
-        metadata={
-            "story_id": task.story_id or "none",
-            "sources": table(rows, ["kind", "source", "chars"]),
-            "context_events": events_note,
-            "prior_decisions": len(decisions),
-            "dropped_for_size": dg.MetadataValue.md("\n".join(f"- {d}" for d in built.dropped) or "_none_"),
-            "context": dg.MetadataValue.md(built.render() or "_no story context_"),
-        },
-    )
+    return dg.Output(built, metadata=story_context_metadata(built, events_note, len(decisions)))
