@@ -26,18 +26,22 @@ from fleet_pipelines.assets.deliberation import (
     deliberation_run_config,
 )
 from fleet_pipelines.cli import fleet
+from fleet_pipelines.definitions import defs
 from fleet_pipelines.domain.decision import Decision
 from fleet_pipelines.domain.models import DeliberationStatus, TurnKind, TurnResult
 from fleet_pipelines.domain.scoring import ProposalScore
 from fleet_pipelines.events.planning import InvalidEvent, StreamMessage, plan_deliberations
-from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM, STREAMS
+from fleet_pipelines.events.streams import DELIBERATION_FAILED, PLAN_APPROVED, PLANNING_STREAM, STREAMS
 from fleet_pipelines.history.stored import dump_value, read_stored, stored_path
 from fleet_pipelines.history.task_result import stored_result
 from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
+from fleet_pipelines.resources.history import HistoryResource
 from fleet_pipelines.resources.io import DomainIOManager
 from fleet_pipelines.sensors.outbox import build_outbox_sensor
+from fleet_pipelines.sensors.run_failure import RUN_FAILURE_SENSOR
+from tests.factories import read_subject
 from tests.scripted import ScriptedTurnRunner
 
 ADD = "def add(a, b):\n    return a + b"
@@ -50,6 +54,7 @@ def run_job(
     task_fields: dict,
     runner: ScriptedTurnRunner,
     instance: dg.DagsterInstance | None = None,
+    raise_on_error: bool = True,
 ):
     """One deliberation_job run (in its own test instance unless `instance` is given)."""
     storage = str(tmp_path / "storage")
@@ -68,11 +73,14 @@ def run_job(
     if instance is not None:
         instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
         return defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
-            run_config=deliberation_run_config(task_fields), instance=instance, partition_key=task_id
+            run_config=deliberation_run_config(task_fields),
+            instance=instance,
+            partition_key=task_id,
+            raise_on_error=raise_on_error,
         )
     (tmp_path / "home").mkdir(parents=True)
     with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
-        return run_job(tmp_path, nats, task_id, task_fields, runner, instance)
+        return run_job(tmp_path, nats, task_id, task_fields, runner, instance, raise_on_error)
 
 
 def test_the_job_passes_domain_objects_from_task_to_decision(tmp_path: Path, nats_server: str):
@@ -273,3 +281,35 @@ def test_a_nats_outage_never_fails_a_run_and_its_events_arrive_once_when_nats_is
             assert [i for messages in stream_messages(nats).values() for i in messages] == ids
         finally:
             server.stop()
+
+
+def test_a_run_stopped_by_its_blocking_check_still_tells_its_outcome(tmp_path: Path, nats_resource):
+    """No quorum: the blocking check fails the run after the decision is stored, so decision_events
+    does not run; the failure sensor publishes the stored decision's outcome (FAILED, its reasons)."""
+    fields = {"description": "Write add(a, b).", "role": "DEV", "num_agents": 2, "rounds": 0}
+    runner = ScriptedTurnRunner(code=ADD, fail_agents=["agent-dev-001", "agent-dev-002"])
+    with dg.instance_for_test() as instance:
+        result = run_job(
+            tmp_path, nats_resource, "noquorum-1", fields, runner, instance, raise_on_error=False
+        )
+        assert not result.success
+        decided: Decision = result.output_for_node("decision")
+        assert decided.status is DeliberationStatus.FAILED
+        assert not result.asset_materializations_for_node("decision_events")
+        run = instance.get_run_by_id(result.run_id)
+        failure = next(e for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE")
+        sensor = defs.get_sensor_def(RUN_FAILURE_SENSOR)
+        history = HistoryResource(base_path=str(tmp_path / "storage"), max_age_seconds=60)
+        context = dg.build_run_status_sensor_context(
+            sensor_name=sensor.name,
+            dagster_instance=instance,
+            dagster_run=run,
+            dagster_event=failure,
+            resources={"nats": nats_resource, "history": history},
+        ).for_run_failure()
+        sensor(context)
+    [outcome] = read_subject(nats_resource, "ORCHESTRATOR_EVENTS", DELIBERATION_FAILED)
+    assert outcome["payload"]["run_id"] == result.run_id and outcome["payload"]["status"] == "FAILED"
+    assert outcome["payload"]["reasons"] == decided.reasons
+    [collected] = read_subject(nats_resource, "DELIBERATION_RESULTS", "deliberation.failed")
+    assert collected["task_id"] == "noquorum-1" and collected["error"] == "All agents failed"
