@@ -243,3 +243,54 @@ def test_a_role_engine_has_its_own_slots_key_and_run_queue_tag(tmp_path: Path, m
     monkeypatch.delenv("BIG_ENGINE_KEY")
     with pytest.raises(dg.Failure, match="BIG_ENGINE_KEY is not set"):
         stack.role_engine(convened.engine)
+
+
+class RewritingRunner(ScriptedTurnRunner):
+    """Rewrites the councils file while the proposals are written (an operator editing it mid-run)."""
+
+    councils_file: str = ""
+    rewritten: str = ""
+
+    def run_turns(self, requests, deadline, engine=None, on_chunk=None, on_result=None):
+        Path(self.councils_file).write_text(self.rewritten)
+        return super().run_turns(requests, deadline, engine, on_chunk, on_result)
+
+
+def test_the_council_is_convened_once_per_run_and_a_file_changed_mid_run_does_not_change_it(
+    tmp_path: Path, nats_server: str
+):
+    path, log = tmp_path / "councils.yaml", tmp_path / "requests.jsonl"
+    path.write_text(COUNCILS)
+    runner = RewritingRunner(
+        code="def f(x):\n    return x",
+        record_to=str(log),
+        councils_file=str(path),
+        rewritten=COUNCILS.replace("judge_max_tokens: 64", "judge_max_tokens: 32").replace(
+            "2026-11-26.1", "v2"
+        ),
+    )
+    defs = dg.Definitions(
+        assets=deliberation_assets,
+        jobs=[build_deliberation_job()],
+        resources={
+            "turn_runner": runner,
+            "council": CouncilResource(councils_file=str(path)),
+            "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
+            "nats": NatsResource(url=nats_server),
+        },
+    )
+    fields = {"description": "Write f(x).", "role": "DEV", "num_agents": 2, "rounds": 0}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(deliberation_partitions.name, ["once-1"])
+        result = defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
+            run_config=deliberation_run_config(fields), instance=instance, partition_key="once-1"
+        )
+    assert result.success and path.read_text().count("judge_max_tokens: 32") == 1  # rewritten mid-run
+    judged = [r for r in recorded(log) if r.kind is TurnKind.JUDGE]
+    assert judged and all(r.max_tokens == 64 for r in judged)  # the council of the run's start
+    [council] = result.asset_materializations_for_node("council")
+    assert council.metadata["councils_file_version"].value == "2026-11-26.1"
+    # Every step after it reads the `council` asset: lineage shows which council decided.
+    graph = defs.resolve_asset_graph()
+    readers = {key.to_user_string() for key in graph.get(dg.AssetKey("council")).child_keys}
+    assert readers == {"proposals", "reviews", "scores", "decision", "decision_events"}
