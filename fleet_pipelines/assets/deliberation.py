@@ -24,7 +24,7 @@ from ..domain.decision import Decision, decide
 from ..domain.deliberation import TurnRunner, current_versions, proposal_requests, review_rounds
 from ..domain.models import Task, TurnResult, flat_task_fields, validation_message
 from ..domain.scoring import CheckResult, ProposalScore, gate_failures
-from ..events.outbound import collector_event, decision_outcome, deliberation_outcome_event
+from ..events.outbound import outcome_events
 from ..history.log import OUTCOME, outcome_metadata
 from ..history.runs import run_started
 from ..names import (
@@ -277,18 +277,15 @@ def decision_events(
     """Tells the world: `orchestration.deliberation.completed|failed` (one per run: the failure
     sensor shares its key), the old collector's `deliberation.completed|failed`, and the decision in
     its story's `story_decisions`. Events NATS does not take wait in the outbox."""
-    task, tags = convened.task, context.run.tags
+    task, tags, run_id = convened.task, context.run.tags, context.run_id
     duration_ms = (time.time() - _started(context)) * 1000
-    outcome = decision_outcome(task, decision, context.run_id, duration_ms)
+    correlation, causation = tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION)
     sink = nats.deliver(
-        context.run_id,
-        [
-            deliberation_outcome_event(outcome, tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION)),
-            collector_event(task, proposals, context.run_id, duration_ms),
-        ],
+        run_id, outcome_events(task, decision, proposals, run_id, duration_ms, correlation, causation)
     )
     report_story_decision(context, task, decision)
-    pending = nats.outbox().pending(context.run_id) if nats.outbox() else 0
+    outbox = nats.outbox()
+    pending = outbox.pending(context.run_id) if outbox is not None else 0
     return dg.MaterializeResult(metadata=events_metadata(pending, sink.unreachable))
 
 

@@ -234,6 +234,24 @@ def decision_outcome(task: Task, decision: Decision, run_id: str, duration_ms: f
     )
 
 
+def outcome_events(
+    task: Task,
+    decision: Decision,
+    proposals: Sequence[TurnResult],
+    run_id: str,
+    duration_ms: float,
+    correlation_id: str | None = None,
+    causation_id: str | None = None,
+) -> list[Event]:
+    """What a decided run tells: `orchestration.deliberation.completed|failed` and the old
+    collector's `deliberation.completed|failed` from the proposals."""
+    outcome = decision_outcome(task, decision, run_id, duration_ms)
+    return [
+        deliberation_outcome_event(outcome, correlation_id, causation_id),
+        collector_event(task, proposals, run_id, duration_ms),
+    ]
+
+
 def rejected_event(rejected: PlanningRejected) -> Event:
     """Keyed by stream, sequence and body hash: the same message is dead-lettered once, and a new
     message at the same sequence of a recreated stream gets its own dead letter."""

@@ -94,8 +94,9 @@ class Outbox:
             return
         with contextlib.suppress(FileNotFoundError):  # sent meanwhile by another flush
             path.unlink()
-        if not any(True for _ in path.parent.iterdir()):
-            path.parent.rmdir()
+        with contextlib.suppress(OSError):  # the run's last batch: its folder goes, unless one came
+            if not any(True for _ in path.parent.iterdir()):
+                path.parent.rmdir()
 
     @staticmethod
     def _write(path: UPath, batch: KeptBatch) -> None:

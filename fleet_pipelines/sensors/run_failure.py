@@ -14,12 +14,7 @@ import dagster as dg
 
 from ..domain.models import DeliberationStatus
 from ..events.models import DecisionRecord, DeliberationOutcome
-from ..events.outbound import (
-    collector_event,
-    collector_failure_event,
-    decision_outcome,
-    deliberation_outcome_event,
-)
+from ..events.outbound import collector_failure_event, deliberation_outcome_event, outcome_events
 from ..events.outbox import Event
 from ..history.runs import run_times
 from ..history.stored import read_stored_entry
@@ -74,13 +69,9 @@ def stored_events(instance: dg.DagsterInstance, run: dg.DagsterRun, base_path: s
     if any(entry is None or entry[1] != run.run_id for entry in stored.values()):
         return []
     task, proposals, decision = stored[COUNCIL][0].task, stored[PROPOSALS][0], stored[DECISION][0]
-    duration_ms = _duration_ms(instance, run.run_id)
-    outcome = decision_outcome(task, decision, run.run_id, duration_ms)
     correlation, causation = run.tags.get(TAG_CORRELATION), run.tags.get(TAG_CAUSATION)
-    return [
-        deliberation_outcome_event(outcome, correlation, causation),
-        collector_event(task, proposals, run.run_id, duration_ms),
-    ]
+    duration_ms = _duration_ms(instance, run.run_id)
+    return outcome_events(task, decision, proposals, run.run_id, duration_ms, correlation, causation)
 
 
 def failure_events(instance: dg.DagsterInstance, run: dg.DagsterRun, message: str) -> list[Event]:
