@@ -26,7 +26,6 @@ from fleet_pipelines.assets.deliberation import (
     deliberation_run_config,
 )
 from fleet_pipelines.cli import fleet
-from fleet_pipelines.definitions import defs
 from fleet_pipelines.domain.decision import Decision
 from fleet_pipelines.domain.models import DeliberationStatus, TurnKind, TurnResult
 from fleet_pipelines.domain.scoring import ProposalScore
@@ -40,7 +39,7 @@ from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.history import HistoryResource
 from fleet_pipelines.resources.io import DomainIOManager
 from fleet_pipelines.sensors.outbox import build_outbox_sensor
-from fleet_pipelines.sensors.run_failure import RUN_FAILURE_SENSOR
+from fleet_pipelines.sensors.run_failure import build_run_failure_sensor
 from tests.factories import read_subject
 from tests.scripted import ScriptedTurnRunner
 
@@ -298,7 +297,7 @@ def test_a_run_stopped_by_its_blocking_check_still_tells_its_outcome(tmp_path: P
         assert not result.asset_materializations_for_node("decision_events")
         run = instance.get_run_by_id(result.run_id)
         failure = next(e for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE")
-        sensor = defs.get_sensor_def(RUN_FAILURE_SENSOR)
+        sensor = build_run_failure_sensor(build_deliberation_job())
         history = HistoryResource(base_path=str(tmp_path / "storage"), max_age_seconds=60)
         context = dg.build_run_status_sensor_context(
             sensor_name=sensor.name,
