@@ -1,8 +1,10 @@
 """A deliberation as assets of one dynamic partition (partition key = task id).
 
-deliberation_task -> story_context -> proposals -> reviews -> scores -> decision. The assets exchange domain
-objects (stored as JSON by the `io_manager`); each one calls the domain, hands agent turns to the
-`turn_runner`, and shows its value in the UI as metadata.
+deliberation_task -> story_context -> council -> proposals -> reviews -> scores -> decision ->
+decision_events. The council is convened once (`council`) and every later step reads it; `decision`
+only decides and `decision_events` tells the world, keeping in the outbox what NATS does not take.
+The assets exchange domain objects (stored as JSON by the `io_manager`); each is a few lines over
+the domain, the `turn_runner` and `previews` (what the UI shows).
 """
 
 import time
