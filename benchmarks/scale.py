@@ -344,7 +344,7 @@ def run_backend(backend: str, sizes: list[int], lookups_only: bool = False) -> d
         from dagster_graphql.test.utils import execute_dagster_graphql
 
         from fleet_pipelines import stack as fleet_stack
-        from fleet_pipelines.assets.deliberation import deliberation_assets
+        from fleet_pipelines.assets.deliberation import STORED_ASSETS
         from fleet_pipelines.events.planning import single_task_plan
         from fleet_pipelines.events.streams import PLAN_APPROVED
         from fleet_pipelines.history.log import build_day, day_of, read_log
@@ -466,7 +466,7 @@ def run_backend(backend: str, sizes: list[int], lookups_only: bool = False) -> d
             )
             if lookups_only:
                 continue
-            keys = [a.key.to_user_string() for a in deliberation_assets]
+            keys = STORED_ASSETS
             start = time.perf_counter()
             if size != sizes[-1]:  # as of the newest one filled, nothing is old enough yet
                 as_of = filler.decided_at(filled - 1) + 1

@@ -346,6 +346,8 @@ deliberation_assets = [
     decision,
     decision_events,
 ]
+# The assets whose values the io_manager stores (decision_events stores none): what retention removes.
+STORED_ASSETS = [a.key.to_user_string() for a in deliberation_assets if a is not decision_events]
 
 
 def build_deliberation_job(engine_id: str | None = None) -> "dg.UnresolvedAssetJobDefinition":

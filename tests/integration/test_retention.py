@@ -17,7 +17,7 @@ import pytest
 
 from fleet_pipelines.assets.decision_log import decision_log
 from fleet_pipelines.assets.deliberation import (
-    deliberation_assets,
+    STORED_ASSETS,
     deliberation_partitions,
     deliberation_run_config,
 )
@@ -97,11 +97,11 @@ def test_retention_removes_logged_deliberations_and_result_still_answers(stack_e
 
         report = expire(instance, stack_env)
         assert report["removed"] == 1 and report["not_logged"] == 1
-        assert report["files_removed"] == len(deliberation_assets)
+        assert report["files_removed"] == len(STORED_ASSETS)
         assert not instance.has_dynamic_partition(deliberation_partitions.name, "ret-add-1")
         assert instance.has_dynamic_partition(deliberation_partitions.name, "ret-add-2")
         assert not list(storage.glob("*/ret-add-1.json"))
-        assert len(list(storage.glob("*/ret-add-2.json"))) == len(deliberation_assets)
+        assert len(list(storage.glob("*/ret-add-2.json"))) == len(STORED_ASSETS)
 
         old = fleet_result(home, "ret-add-1")
         assert old["source"] == "decision_log" and old["status"] == decided.status.value
