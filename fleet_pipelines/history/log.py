@@ -18,6 +18,7 @@ import dagster as dg
 from ..domain.decision import Decision
 from ..domain.models import Task, TurnResult
 from ..names import DECISION, DECISION_LOG
+from .runs import start_times
 from .stored import read_frame, read_stored, stored_path
 
 if TYPE_CHECKING:  # pandas loads when a table is built or read, not with `fleet result`
@@ -106,14 +107,6 @@ def latest_decision_ids(instance: dg.DagsterInstance, task_ids: list[str]) -> di
     return latest
 
 
-def _start_times(instance: dg.DagsterInstance, run_ids: list[str]) -> dict[str, float | None]:
-    starts: dict[str, float | None] = {}
-    for i in range(0, len(run_ids), PAGE):
-        for record in instance.get_run_records(dg.RunsFilter(run_ids=run_ids[i : i + PAGE])):
-            starts[record.dagster_run.run_id] = record.start_time
-    return starts
-
-
 def _utc(timestamp: float | None) -> pd.Timestamp | None:
     import pandas as pd
 
@@ -133,7 +126,7 @@ def build_day(instance: dg.DagsterInstance, base_path: str, day: str) -> pd.Data
 
     records = [r for r in decision_records(instance, day) if r.partition_key]
     latest = latest_decision_ids(instance, sorted({r.partition_key for r in records}))
-    starts = _start_times(instance, sorted({r.run_id for r in records}))
+    starts = start_times(instance, sorted({r.run_id for r in records}), PAGE)
     rows = []
     for record in records:
         materialization = record.asset_materialization
