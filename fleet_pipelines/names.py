@@ -24,10 +24,8 @@ HISTORY_GROUP = "history"
 
 # Assets of a deliberation, in order (each is also the asset's key), and the story's decisions.
 DELIBERATION_TASK = "deliberation_task"
-STORY_CONTEXT = "story_context"
 COUNCIL = "council"
 PROPOSALS = "proposals"
-REVIEWS = "reviews"
 SCORES = "scores"
 DECISION = "decision"
 DECISION_EVENTS = "decision_events"

@@ -34,6 +34,7 @@ from ..names import (
     DECISION,
     DELIBERATION_GROUP,
     DELIBERATION_JOB,
+    DELIBERATION_TASK,
     SCORES,
     TAG_CAUSATION,
     TAG_CORRELATION,
@@ -88,7 +89,7 @@ DeliberationConfig = create_model(
 
 def deliberation_run_config(task_fields: dict) -> dict:
     """Run config of deliberation_job for a task's flat fields (`Task.fields()`)."""
-    return {"ops": {"deliberation_task": {"config": task_fields}}}
+    return {"ops": {DELIBERATION_TASK: {"config": task_fields}}}
 
 
 def build_task(task_id: str, fields: dict) -> Task:

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..domain.decision import Decision
+from ..names import DECISION, DELIBERATION_TASK
 from .stored import read_stored_entry
 
 
@@ -66,11 +67,11 @@ def from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
 
 def stored_result(base_path: str, task_id: str) -> TaskResult | None:
     """The task's decision from storage when its latest started run stored it, else None."""
-    decided = read_stored_entry(base_path, "decision", task_id)
+    decided = read_stored_entry(base_path, DECISION, task_id)
     if decided is None:
         return None
     decision, run_id = decided
-    started = read_stored_entry(base_path, "deliberation_task", task_id)
+    started = read_stored_entry(base_path, DELIBERATION_TASK, task_id)
     if run_id is None or started is None or started[1] != run_id or not isinstance(decision, Decision):
         return None
     return from_decision(task_id, run_id, decision)
