@@ -5,6 +5,7 @@ published."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future, wait
@@ -113,8 +114,10 @@ class NatsResource(_ConnectFields):
                 yield sink
             finally:
                 sink.close()
-                if session is not None:
-                    asyncio.run_coroutine_threadsafe(session.close(), loop).result(self.request_timeout_s)
+                if session is not None:  # a connection lost meanwhile must not fail the step
+                    closing = asyncio.run_coroutine_threadsafe(session.close(), loop)
+                    with contextlib.suppress(Exception):
+                        closing.result(self.request_timeout_s)
         finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
