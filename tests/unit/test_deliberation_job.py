@@ -29,6 +29,7 @@ from fleet_pipelines.cli import fleet
 from fleet_pipelines.domain.decision import Decision
 from fleet_pipelines.domain.models import DeliberationStatus, TurnKind, TurnResult
 from fleet_pipelines.domain.scoring import ProposalScore
+from fleet_pipelines.events.outbound import turn_key
 from fleet_pipelines.events.planning import InvalidEvent, StreamMessage, plan_deliberations
 from fleet_pipelines.events.streams import DELIBERATION_FAILED, PLAN_APPROVED, PLANNING_STREAM, STREAMS
 from fleet_pipelines.history.stored import dump_value, read_stored, stored_path
@@ -312,3 +313,38 @@ def test_a_run_stopped_by_its_blocking_check_still_tells_its_outcome(tmp_path: P
     assert outcome["payload"]["reasons"] == decided.reasons
     [collected] = read_subject(nats_resource, "DELIBERATION_RESULTS", "deliberation.failed")
     assert collected["task_id"] == "noquorum-1" and collected["error"] == "All agents failed"
+
+
+class StoppingRunner(ScriptedTurnRunner):
+    """Stops the NATS server when the review turns start: NATS lost in the middle of a run."""
+
+    def run_turns(self, requests, deadline, engine=None, on_chunk=None, on_result=None):
+        if requests[0].kind is TurnKind.CRITIQUE:
+            NATS_SERVERS[0].stop()
+        return super().run_turns(requests, deadline, engine, on_chunk, on_result)
+
+
+NATS_SERVERS: list = []
+
+
+def test_nats_lost_mid_run_loses_nothing_and_sends_nothing_twice(tmp_path: Path):
+    port, storage = stack.free_port(), tmp_path / "storage"
+    NATS_SERVERS[:] = [stack.start_nats(tmp_path / "logs", port, tmp_path / "nats-store")]
+    nats = NatsResource(
+        url=f"nats://127.0.0.1:{port}", outbox_path=str(storage / "outbox"), connect_timeout_s=0.5
+    )
+    fields = {"description": "Write add(a, b).", "role": "DEV", "num_agents": 2, "rounds": 1}
+    with dg.instance_for_test() as instance:
+        result = run_job(tmp_path, nats, "lost-1", fields, StoppingRunner(code=ADD), instance)
+        assert result.success and nats.outbox().pending(result.run_id) > 0
+        server = stack.start_nats(tmp_path / "logs", port, tmp_path / "nats-store")
+        try:
+            sensor = build_outbox_sensor()
+            sensor(dg.build_sensor_context(instance=instance, resources={"nats": nats}))
+            ids = [i for messages in stream_messages(nats).values() for i in messages]
+        finally:
+            server.stop()
+    turns = [*result.output_for_node("proposals"), *result.output_for_node("reviews")]
+    assert len(ids) == len(set(ids)) and nats.outbox().pending() == 0
+    assert {f"agent.response:{turn_key(result.run_id, t)}" for t in turns} <= set(ids)
+    assert f"deliberation.outcome:{result.run_id}" in ids
