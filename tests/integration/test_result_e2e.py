@@ -16,6 +16,7 @@ import pytest
 from fleet_pipelines.cli import REPO_ROOT
 from fleet_pipelines.definitions import defs
 from fleet_pipelines.events.streams import AGENT_RESPONSE_COMPLETED, DELIBERATION_COMPLETED
+from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.sensors.planning import PLANNING_SENSOR
 from tests.factories import read_subject
 
@@ -62,7 +63,9 @@ def test_deliberate_sensor_run_event_and_result(
 
     instance = dg.DagsterInstance.from_config(str(home))
     context = dg.build_sensor_context(
-        instance_ref=instance.get_ref(), definitions=defs, resources={"nats": nats_resource}
+        instance_ref=instance.get_ref(),
+        definitions=defs,
+        resources={"nats": nats_resource, "council": CouncilResource()},
     )
     tick = defs.get_sensor_def(PLANNING_SENSOR).evaluate_tick(context)
     [request] = tick.run_requests
