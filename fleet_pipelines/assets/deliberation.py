@@ -45,7 +45,14 @@ from ..resources.events import NatsResource
 from ..resources.turns import TurnRunnerResource
 from ..scoring.checks import execution_checks, score_finals
 from .partitions import deliberation_partitions
-from .previews import council_metadata, decision_metadata, feedback_markdown, scores_metadata, turns_metadata
+from .previews import (
+    council_metadata,
+    decision_metadata,
+    events_metadata,
+    feedback_markdown,
+    scores_metadata,
+    turns_metadata,
+)
 from .progress import TurnProgress
 from .story import report_story_decision, story_context
 
@@ -290,13 +297,6 @@ def decision_events(
     outbox = nats.outbox()
     pending = outbox.pending(context.run_id) if outbox is not None else 0
     return dg.MaterializeResult(metadata=events_metadata(pending, sink.unreachable))
-
-
-def events_metadata(pending: int, unreachable: str | None) -> dict[str, Any]:
-    if not pending:
-        return {"events_pending": 0, "events": "all published"}
-    why = f"NATS unreachable ({unreachable})" if unreachable else "NATS unreachable"
-    return {"events_pending": pending, "events": f"{pending} events pending: {why}; sent when it is back"}
 
 
 def quorum_met(decision: Decision) -> dg.AssetCheckResult:

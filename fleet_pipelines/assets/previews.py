@@ -154,3 +154,11 @@ def story_context_metadata(
         "dropped_for_size": dg.MetadataValue.md("\n".join(f"- {d}" for d in built.dropped) or "_none_"),
         "context": dg.MetadataValue.md(built.render() or "_no story context_"),
     }
+
+
+def events_metadata(pending: int, unreachable: str | None) -> dict[str, dg.RawMetadataValue]:
+    """Whether the run's events are all published, or how many wait in the outbox and why."""
+    if not pending:
+        return {"events_pending": 0, "events": "all published"}
+    why = unreachable or "NATS unreachable"
+    return {"events_pending": pending, "events": f"{pending} events pending: {why}; sent when it is back"}
