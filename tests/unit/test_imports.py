@@ -2,7 +2,7 @@
 under TYPE_CHECKING): no module depends on itself through others, and no layer imports one above it.
 
 Layers, bottom up: names; the pure domain; the adapters (engines, scoring, events, history,
-Dagster's private APIs); dispatch; evaluation; resources; settings (which builds the resources);
+Dagster's private APIs, the running local stack's record); dispatch; evaluation; resources; settings (which builds the resources);
 assets; sensors and schedules; and the entry points (definitions, the CLI, the local stack).
 """
 
@@ -18,7 +18,7 @@ PACKAGE = Path(fleet_pipelines.__file__).parent
 LAYERS = [
     {"names"},
     {"domain"},
-    {"llm", "scoring", "events", "history", "dagster_private"},
+    {"llm", "scoring", "events", "history", "dagster_private", "stack_file"},
     {"dispatch"},
     {"evaluation"},
     {"resources"},
