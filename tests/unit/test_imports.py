@@ -2,8 +2,9 @@
 under TYPE_CHECKING): no module depends on itself through others, and no layer imports one above it.
 
 Layers, bottom up: names; the pure domain; the adapters (engines, scoring, events, history,
-Dagster's private APIs, the running local stack's record); dispatch; evaluation; resources; settings (which builds the resources);
-assets; sensors and schedules; and the entry points (definitions, the CLI, the local stack).
+Dagster's private APIs, the running local stack's record); dispatch; evaluation; resources;
+settings (which builds the resources); assets; sensors and schedules; and the entry points
+(definitions, the CLI, the local stack).
 """
 
 from __future__ import annotations
