@@ -48,8 +48,8 @@ from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import proposal_requests
 from fleet_pipelines.domain.models import Role, Task
 from fleet_pipelines.events.planning import single_task_plan
-from fleet_pipelines.events.results import finished_turns
 from fleet_pipelines.events.streams import PLAN_APPROVED
+from fleet_pipelines.history.results import finished_turns
 from fleet_pipelines.llm.engine import ChatEngine, EngineSettings, llama_cpp_slots
 from fleet_pipelines.llm.local_server import MODEL_NAME
 from fleet_pipelines.resources.events import NatsResource

@@ -344,16 +344,15 @@ def run_backend(backend: str, sizes: list[int], lookups_only: bool = False) -> d
         from dagster_graphql.test.utils import execute_dagster_graphql
 
         from fleet_pipelines import stack as fleet_stack
-        from fleet_pipelines.assets import DELIBERATION_PARTITIONS
-        from fleet_pipelines.assets.deliberation import deliberation_assets
+        from fleet_pipelines.assets.deliberation import STORED_ASSETS
         from fleet_pipelines.events.planning import single_task_plan
-        from fleet_pipelines.events.results import task_result
         from fleet_pipelines.events.streams import PLAN_APPROVED
-        from fleet_pipelines.history.log import DECISION_LOG, build_day, day_of, read_log
+        from fleet_pipelines.history.log import build_day, day_of, read_log
+        from fleet_pipelines.history.results import task_result
         from fleet_pipelines.history.retention import expire
-        from fleet_pipelines.history.stored import read_stored
+        from fleet_pipelines.history.stored import frame_path, read_stored
+        from fleet_pipelines.names import DECISION_LOG, DELIBERATION_PARTITIONS
         from fleet_pipelines.resources.events import NatsResource
-        from fleet_pipelines.resources.io import frame_path
 
         port = fleet_stack.free_port()
         nats_server = fleet_stack.start_nats(base / "logs", port, base / "nats")
@@ -467,7 +466,7 @@ def run_backend(backend: str, sizes: list[int], lookups_only: bool = False) -> d
             )
             if lookups_only:
                 continue
-            keys = [a.key.to_user_string() for a in deliberation_assets]
+            keys = STORED_ASSETS
             start = time.perf_counter()
             if size != sizes[-1]:  # as of the newest one filled, nothing is old enough yet
                 as_of = filler.decided_at(filled - 1) + 1

@@ -9,20 +9,23 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
-from urllib.parse import urlparse
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
 
+from .domain.council import CouncilSettings
+from .events.options import ConnectOptions
 from .llm.local_server import MODEL_NAME
+from .llm.settings import EngineSettings, VLLMActorSettings
 from .stack_file import with_stack
 
 if TYPE_CHECKING:
+    from .resources.council import CouncilResource
     from .resources.events import NatsResource
 
 DEFAULT_LLM_URL = "http://127.0.0.1:8080/v1"
 DEFAULT_TIMEOUT_SECONDS = 300.0
-NO_NATS = "no NATS server chosen: start the local stack (make dev) or set NATS_URL"
 # The old system's variables that nothing here reads: refused at start-up, saying what replaces them.
 REPLACED_VARIABLES = {
     "ENABLE_NATS": "NATS is always on here: set NATS_URL (or run `make dev`), and unset ENABLE_NATS",
@@ -48,52 +51,55 @@ def _env(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
 
+def _supplies(model: type[BaseModel], field: str, *env: str, **overrides: Any) -> Any:
+    """A setting that supplies `model.field`, read from the variables `env`: it is validated with
+    that field's type bounds and described by its description, so neither is written twice."""
+    return FieldInfo.merge_field_infos(model.model_fields[field], validation_alias=_env(*env), **overrides)
+
+
 class FleetSettings(BaseModel):
     """Everything configurable from the environment. `FleetSettings.from_env()` reads it once;
     `resources()` builds every resource of the code location from it."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
-    # The engine
-    llm_base_url: str = Field(
-        default=DEFAULT_LLM_URL,
-        validation_alias=_env("FLEET_LLM_BASE_URL", "VLLM_URL"),
-        description="Any OpenAI-compatible engine (`/v1` added if missing).",
+    # The engine: each value supplies a field of the engine's settings (its description and bounds)
+    llm_base_url: str = _supplies(
+        EngineSettings, "base_url", "FLEET_LLM_BASE_URL", "VLLM_URL", default=DEFAULT_LLM_URL
     )
-    llm_model: str = Field(
-        default=MODEL_NAME,
-        validation_alias=_env("FLEET_LLM_MODEL", "VLLM_MODEL"),
-        description="Model name sent with each request.",
-    )
+    llm_model: str = _supplies(EngineSettings, "model", "FLEET_LLM_MODEL", "VLLM_MODEL", default=MODEL_NAME)
     llm_api_key_set: bool = Field(default=False, description=f"{LLM_API_KEY} is set (read via dg.EnvVar).")
-    max_tokens: int | None = Field(
-        default=None,
-        validation_alias=_env("FLEET_MAX_TOKENS"),
-        description="One limit for every agent turn instead of the per-kind budgets (tests use it).",
-    )
-    engine_slots: int | None = Field(
-        default=None,
-        validation_alias=_env("FLEET_ENGINE_SLOTS"),
-        description="Requests the engine serves at once (default: llama.cpp's /props, else 4).",
-    )
+    max_tokens: int | None = _supplies(CouncilSettings, "max_tokens", "FLEET_MAX_TOKENS")
+    engine_slots: int | None = _supplies(EngineSettings, "slots", "FLEET_ENGINE_SLOTS")
     engine_backend: Literal["openai", "vllm_actor"] = Field(
         default="openai", validation_alias=_env("FLEET_ENGINE_BACKEND")
     )
-    vllm_model: str | None = Field(default=None, validation_alias=_env("FLEET_VLLM_MODEL"))
     model_source: str | None = Field(
         default=None,
         validation_alias=_env("FLEET_MODEL_SOURCE"),
         description="Object-store URL of the served model folder (`fleet model pull`).",
     )
-    vllm_num_gpus: float | None = Field(default=None, validation_alias=_env("FLEET_VLLM_NUM_GPUS"))
-    vllm_num_cpus: float | None = Field(default=None, validation_alias=_env("FLEET_VLLM_NUM_CPUS"))
-    vllm_dtype: str | None = Field(default=None, validation_alias=_env("FLEET_VLLM_DTYPE"))
-    vllm_enforce_eager: bool | None = Field(default=None, validation_alias=_env("FLEET_VLLM_ENFORCE_EAGER"))
-    vllm_cpu_kvcache_gib: int | None = Field(
-        default=None, validation_alias=_env("FLEET_VLLM_CPU_KVCACHE_GIB")
+    # The vLLM engine actor (unset: the actor's own defaults)
+    vllm_model: str | None = _supplies(VLLMActorSettings, "model", "FLEET_VLLM_MODEL", default=None)
+    vllm_num_gpus: float | None = _supplies(
+        VLLMActorSettings, "num_gpus", "FLEET_VLLM_NUM_GPUS", default=None
     )
-    vllm_cache_root: str | None = Field(default=None, validation_alias=_env("FLEET_VLLM_CACHE_ROOT"))
-    vllm_max_num_seqs: int | None = Field(default=None, validation_alias=_env("FLEET_VLLM_MAX_NUM_SEQS"))
+    vllm_num_cpus: float | None = _supplies(
+        VLLMActorSettings, "num_cpus", "FLEET_VLLM_NUM_CPUS", default=None
+    )
+    vllm_dtype: str | None = _supplies(VLLMActorSettings, "dtype", "FLEET_VLLM_DTYPE", default=None)
+    vllm_enforce_eager: bool | None = _supplies(
+        VLLMActorSettings, "enforce_eager", "FLEET_VLLM_ENFORCE_EAGER", default=None
+    )
+    vllm_cpu_kvcache_gib: int | None = _supplies(
+        VLLMActorSettings, "cpu_kvcache_space_gib", "FLEET_VLLM_CPU_KVCACHE_GIB", default=None
+    )
+    vllm_cache_root: str | None = _supplies(
+        VLLMActorSettings, "cache_root", "FLEET_VLLM_CACHE_ROOT", default=None
+    )
+    vllm_max_num_seqs: int | None = _supplies(
+        VLLMActorSettings, "max_num_seqs", "FLEET_VLLM_MAX_NUM_SEQS", default=None
+    )
     councils_file: str | None = Field(
         default=None,
         validation_alias=_env("FLEET_COUNCILS_FILE"),
@@ -136,11 +142,7 @@ class FleetSettings(BaseModel):
         description="The Ray cluster agent turns run on (default: a private local Ray).",
     )
     # NATS
-    nats_url: str | None = Field(
-        default=None,
-        validation_alias=_env("NATS_URL"),
-        description="The NATS server: NATS_URL, else the running local stack's; never a guessed default.",
-    )
+    nats_url: str | None = _supplies(ConnectOptions, "url", "NATS_URL")
     nats_secrets_set: tuple[str, ...] = Field(
         default=(), description="Resource fields whose NATS_* variable is set (read via dg.EnvVar)."
     )
@@ -214,6 +216,11 @@ class FleetSettings(BaseModel):
         return self.storage_path or str(self.state_path / "storage")
 
     @property
+    def outbox(self) -> str:
+        """Where runs keep the events NATS did not take, beside the asset values."""
+        return f"{self.storage.rstrip('/')}/outbox"
+
+    @property
     def eval_schedule_running(self) -> bool:
         return self.eval_schedule.lower() in {"on", "1", "true", "running"}
 
@@ -225,7 +232,9 @@ class FleetSettings(BaseModel):
         limits runs per engine): the vLLM model of the engine actor, or the server's host:port."""
         if self.engine_backend == "vllm_actor":
             return f"vllm-actor:{Path(self.vllm_model or 'none').name}"
-        return urlparse(self.llm_base_url).netloc or self.llm_base_url
+        from .domain.councils import engine_id
+
+        return engine_id(self.llm_base_url)
 
     def nats(self) -> NatsResource:
         import dagster as dg
@@ -233,18 +242,29 @@ class FleetSettings(BaseModel):
         from .resources.events import NatsResource
 
         secrets = {field: dg.EnvVar(var) for field, var in NATS_SECRETS if field in self.nats_secrets_set}
-        return NatsResource(url=self.nats_url, stream_replicas=self.nats_stream_replicas, **secrets)
+        return NatsResource(
+            url=self.nats_url, stream_replicas=self.nats_stream_replicas, outbox_path=self.outbox, **secrets
+        )
+
+    def council(self, councils_file: str | None = None) -> CouncilResource:
+        """The council resource; `councils_file` in place of FLEET_COUNCILS_FILE's."""
+        from .resources.council import CouncilResource
+        from .resources.repos import ReposConfig
+
+        return CouncilResource(
+            max_tokens=self.max_tokens,
+            councils_file=councils_file or self.councils_file,
+            repos=ReposConfig(root=self.workspaces_dir, push_remote=self.push_remote),
+        )
 
     def resources(self) -> dict[str, object]:
         """Every resource of the code location."""
         import dagster as dg
 
         from .resources.config import EngineConfig, OpenAIEngineConfig, VLLMActorConfig
-        from .resources.council import CouncilResource
         from .resources.history import HistoryResource
         from .resources.io import DomainIOManager, ParquetIOManager
         from .resources.ray_cluster import RayCluster
-        from .resources.repos import ReposConfig
         from .resources.turns import RayTurnRunner
 
         vllm = None
@@ -283,11 +303,7 @@ class FleetSettings(BaseModel):
                 )
             ),
             "turn_runner": RayTurnRunner(engine=engine, ray_cluster=ray),
-            "council": CouncilResource(
-                max_tokens=self.max_tokens,
-                councils_file=self.councils_file,
-                repos=ReposConfig(root=self.workspaces_dir, push_remote=self.push_remote),
-            ),
+            "council": self.council(),
             "io_manager": DomainIOManager(base_path=self.storage),
             "frames_io_manager": ParquetIOManager(base_path=self.storage),
             "history": HistoryResource(base_path=self.storage, max_age_seconds=self.retention_seconds),

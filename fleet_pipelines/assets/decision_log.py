@@ -2,10 +2,10 @@
 
 import dagster as dg
 
-from ..history.log import DECISION_LOG, build_day
+from ..history.log import build_day
+from ..names import DECISION_LOG, DECISION_LOG_JOB, HISTORY_GROUP
 from ..resources.history import HistoryResource
 
-GROUP = "history"
 decision_log_partitions = dg.DailyPartitionsDefinition(start_date="2026-01-01", end_offset=1)
 
 
@@ -14,7 +14,7 @@ decision_log_partitions = dg.DailyPartitionsDefinition(start_date="2026-01-01", 
 @dg.asset(
     name=DECISION_LOG,
     partitions_def=decision_log_partitions,
-    group_name=GROUP,
+    group_name=HISTORY_GROUP,
     kinds={"pandas", "parquet"},
     io_manager_key="frames_io_manager",
 )
@@ -37,7 +37,7 @@ def decision_log(context: dg.AssetExecutionContext, history: HistoryResource) ->
 
 
 decision_log_job = dg.define_asset_job(
-    "decision_log_job",
+    DECISION_LOG_JOB,
     selection=[decision_log],
     partitions_def=decision_log_partitions,
     executor_def=dg.in_process_executor,

@@ -1,8 +1,12 @@
 """A deliberation as assets of one dynamic partition (partition key = task id).
 
-deliberation_task -> story_context -> proposals -> reviews -> scores -> decision. The assets exchange domain
-objects (stored as JSON by the `io_manager`); each one calls the domain, hands agent turns to the
-`turn_runner`, and shows its value in the UI as metadata.
+deliberation_task -> story_context, workspace -> council -> proposals -> reviews -> scores ->
+decision -> decision_events. A repository task's `workspace` is its read-only checkout: its view
+is in the agents' prompts, their turns may call tools on it, and their patches are scored on it.
+The council is convened once (`council`) and every later step reads it; `decision` only decides
+and `decision_events` tells the world, keeping in the outbox what NATS does not take.
+The assets exchange domain objects (stored as JSON by the `io_manager`); each is a few lines over
+the domain, the `turn_runner` and `previews` (what the UI shows).
 """
 
 import functools
@@ -18,21 +22,28 @@ import dagster as dg
 from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
+from ..dagster_private import defs_state_storage
 from ..domain.context import StoryContext
-from ..domain.councils import EngineEntry
-from ..domain.decision import Decision, decide, rank
+from ..domain.councils import Convened, CouncilsFileError
+from ..domain.decision import Decision, decide
 from ..domain.deliberation import TurnRunner, current_versions, proposal_requests, review_rounds
-from ..domain.models import Task, TurnKind, TurnResult, flat_task_fields, validation_message
-from ..domain.prompts import feedback_block
+from ..domain.models import Task, TurnResult, flat_task_fields, validation_message
 from ..domain.scoring import CheckResult, ProposalScore, gate_failures
-from ..domain.workspace import Workspace, extract_patch, rationale_of
-from ..events.outbound import (
-    collector_event,
-    decision_outcome,
-    deliberation_outcome_event,
-)
-from ..events.planning import TAG_CAUSATION, TAG_CORRELATION, TAG_ENGINE
+from ..domain.workspace import Workspace, extract_patch
+from ..events.outbound import outcome_events
 from ..history.log import OUTCOME, outcome_metadata
+from ..history.runs import run_started
+from ..names import (
+    COUNCIL,
+    DECISION,
+    DELIBERATION_GROUP,
+    DELIBERATION_JOB,
+    DELIBERATION_TASK,
+    SCORES,
+    TAG_CAUSATION,
+    TAG_CORRELATION,
+    TAG_ENGINE,
+)
 from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
 from ..resources.repos import ReposConfig
@@ -42,16 +53,23 @@ from ..settings import FleetSettings
 from ..workspace.checkout import CheckoutError
 from ..workspace.checks import patch_checker
 from ..workspace.view import prompt_view
-from . import DELIBERATION_JOB
-from .partitions import GROUP, deliberation_partitions
-from .previews import table, turns_metadata
+from .partitions import deliberation_partitions
+from .previews import (
+    council_metadata,
+    decision_metadata,
+    events_metadata,
+    feedback_markdown,
+    patches_markdown,
+    scores_metadata,
+    turns_metadata,
+)
 from .progress import TurnProgress
 from .story import report_story_decision, story_context
 from .workspace import workspace as workspace_asset
 
 
 def _config_type(annotation: Any) -> Any:
-    """The launchpad's type for a domain type: enums as their values, models as string maps,
+    """The launchpad's type for a domain type: enums as their values, models as nested config,
     constrained strings as strings. The domain's Task validates the values in the first step."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
@@ -103,7 +121,7 @@ DeliberationConfig = create_model(
 
 def deliberation_run_config(task_fields: dict) -> dict:
     """Run config of deliberation_job for a task's flat fields (`Task.fields()`)."""
-    return {"ops": {"deliberation_task": {"config": task_fields}}}
+    return {"ops": {DELIBERATION_TASK: {"config": task_fields}}}
 
 
 def build_task(task_id: str, fields: dict) -> Task:
@@ -117,14 +135,9 @@ def build_task(task_id: str, fields: dict) -> Task:
         ) from exc
 
 
-def _run_started(context: dg.AssetExecutionContext) -> float:
-    record = context.instance.get_run_record_by_id(context.run_id)
-    return record.start_time if record is not None and record.start_time else time.time()
-
-
-def _deadline(context: dg.AssetExecutionContext, task: Task) -> float:
-    """The deliberation deadline counts from the start of the run."""
-    return _run_started(context) + task.constraints.timeout_seconds
+def _started(context: dg.AssetExecutionContext) -> float:
+    """When this run started (the deliberation's deadline and duration count from it)."""
+    return run_started(context.instance, context.run_id) or time.time()
 
 
 @contextmanager
@@ -132,28 +145,32 @@ def _live_turns(
     context: dg.AssetExecutionContext,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
-    task: Task,
-    engine: EngineEntry | None,
+    convened: Convened,
     tools: tuple[ReposConfig, Workspace] | None = None,
 ) -> Iterator[TurnRunner]:
     """The turn runner with live progress (`assets.progress`): chunks on vllm.streaming.{task_id},
     each turn's events as it ends (keys from run + turn, so a retried step's copies drop), and the
-    run log. With `tools` (a repository task's workspace), agents' turns may call tools, each
-    call and its result on the stream and in the turn's history."""
-    with nats.publisher() as publisher:
-        progress = TurnProgress(context, publisher, task)
-        deadline = _deadline(context, task)
+    run log. Events NATS does not take wait in the outbox: progress never fails a deliberation.
+    With `tools` (a repository task's workspace), agents' turns may call tools, each call and its
+    result on the stream and in the turn's history."""
+    deadline = _started(context) + convened.task.constraints.timeout_seconds
+    with nats.publisher(context.run_id) as sink:
+        progress = TurnProgress(context, sink, convened.task)
         if tools is None or not tools[1].active or not tools[0].tools:
-            yield turn_runner.runner(deadline, engine, progress.on_chunk, progress.on_result)
+            yield turn_runner.runner(deadline, convened.engine, progress.on_chunk, progress.on_result)
         else:  # a repository task: agents call tools, each engine call through the same runner
             repos, workspace = tools
-            step = turn_runner.runner(deadline, engine, progress.on_chunk)
+            step = turn_runner.runner(deadline, convened.engine, progress.on_chunk)
             yield repos.tool_runner(step, workspace, progress.on_tool, progress.on_result)
-        if publisher.dropped:
-            context.log.warning(f"{publisher.dropped} progress chunks could not be published")
+    if sink.kept:
+        context.log.warning(f"{sink.kept} events kept in the outbox until NATS is back: {sink.unreachable}")
 
 
-@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
+_ON_COUNCIL = {"convened": dg.AssetIn(COUNCIL)}
+_ASSET = {"partitions_def": deliberation_partitions, "group_name": DELIBERATION_GROUP}
+
+
+@dg.asset(**_ASSET, kinds={"python"})
 def deliberation_task(context: dg.AssetExecutionContext, config: DeliberationConfig) -> dg.Output[Task]:
     """The validated task of this partition."""
     task = build_task(context.partition_key, config.model_dump())
@@ -168,40 +185,51 @@ def deliberation_task(context: dg.AssetExecutionContext, config: DeliberationCon
     )
 
 
-def _in_context(task: Task, story: StoryContext, workspace: Workspace) -> Task:
-    """The task as the prompts show it: the story's context and, for a repository, its workspace."""
-    view = prompt_view(workspace) if workspace.active else ""
-    return task.model_copy(update={"context": story, "workspace_view": view})
-
-
-@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"ray"})
-def proposals(
+@dg.asset(**_ASSET, name=COUNCIL, kinds={"python"})
+def convened_council(
     context: dg.AssetExecutionContext,
     deliberation_task: Task,
     story_context: StoryContext,
+    workspace: Workspace,
+    council: CouncilResource,
+) -> dg.Output[Convened]:
+    """The council that deliberates, convened once per run: its agents, budgets, engine, rubric and
+    weights, and the councils file version that set them. Every later step reads this one. Its
+    task carries the story's context and a repository task's workspace view."""
+    view = prompt_view(workspace) if workspace.active else ""
+    try:
+        convened = council.convene(
+            deliberation_task.model_copy(update={"context": story_context, "workspace_view": view})
+        )
+    except CouncilsFileError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    context.log.info(f"council of {len(convened.agents)} (councils file {convened.version or 'none'})")
+    return dg.Output(convened, metadata=council_metadata(convened))
+
+
+@dg.asset(**_ASSET, ins=_ON_COUNCIL, kinds={"ray"})
+def proposals(
+    context: dg.AssetExecutionContext,
+    convened: Convened,
     workspace: Workspace,
     council: CouncilResource,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
 ) -> dg.Output[list[TurnResult]]:
     """Round 0: every agent of the council writes a proposal, all turns in one batch, the story's
-    context (and a repository task's workspace) in its prompt."""
-    convened = council.convene(_in_context(deliberation_task, story_context, workspace))
-    task, settings, agents = convened.task, convened.settings, convened.agents
-    tools = (council.repos, workspace)
-    with _live_turns(context, turn_runner, nats, task, convened.engine, tools) as run_turns:
-        results = run_turns(proposal_requests(task, agents, settings))
+    context (and a repository task's workspace, with tools on it) in its prompt."""
+    with _live_turns(context, turn_runner, nats, convened, (council.repos, workspace)) as run_turns:
+        results = run_turns(proposal_requests(convened.task, convened.agents, convened.settings))
     ok = sum(r.ok for r in results)
     engine = convened.engine.model if convened.engine else turn_runner.model_name
-    context.log.info(f"{ok}/{len(results)} proposals from {engine} (councils file {convened.version})")
-    return dg.Output(results, metadata={"usable": ok, **convened.metadata(), **turns_metadata(results)})
+    context.log.info(f"{ok}/{len(results)} proposals from {engine}")
+    return dg.Output(results, metadata={"usable": ok, **turns_metadata(results)})
 
 
-@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"ray"})
+@dg.asset(**_ASSET, ins=_ON_COUNCIL, kinds={"ray"})
 def reviews(
     context: dg.AssetExecutionContext,
-    deliberation_task: Task,
-    story_context: StoryContext,
+    convened: Convened,
     workspace: Workspace,
     proposals: list[TurnResult],
     council: CouncilResource,
@@ -211,69 +239,32 @@ def reviews(
     """R rounds: each agent critiques its peers' current proposals, then revises its own, seeing
     its own code's check results (a repository task: its patch's) where execution feedback is on
     for the role."""
-    convened = council.convene(_in_context(deliberation_task, story_context, workspace))
-    task, settings, agents = convened.task, convened.settings, convened.agents
-    limits = council.sandbox.to_model()
-    run_checks = _code_checker(council, workspace)
+    task, settings, limits = convened.task, convened.settings, council.sandbox.to_model()
+    patch_checks = _patch_checks(council, workspace)
     shown: list[tuple[str, list[CheckResult]]] = []
 
     def check_code(task: Task, text: str) -> list[CheckResult]:
-        checks = run_checks(task, text) if run_checks else execution_checks(task, text, limits)
-        shown.append((text, checks))
-        return checks
+        shown.append(
+            (text, patch_checks(task, text) if patch_checks else execution_checks(task, text, limits))
+        )
+        return shown[-1][1]
 
-    tools = (council.repos, workspace)
-    with _live_turns(context, turn_runner, nats, task, convened.engine, tools) as run_turns:
-        history = review_rounds(task, agents, settings, proposals, run_turns, check_code)
-    return dg.Output(
-        history,
-        metadata={
-            "rounds": task.rounds,
-            "execution_feedback": settings.feedback_for(task.role),
-            "feedback_shown": dg.MetadataValue.md(_feedback_md(history, proposals, shown)),
-            **turns_metadata(history),
-        },
-    )
+    with _live_turns(context, turn_runner, nats, convened, (council.repos, workspace)) as run_turns:
+        history = review_rounds(task, convened.agents, settings, proposals, run_turns, check_code)
+    metadata = {"rounds": task.rounds, "execution_feedback": settings.feedback_for(task.role)}
+    feedback = feedback_markdown(history, proposals, shown)
+    return dg.Output(history, metadata={**metadata, "feedback_shown": feedback, **turns_metadata(history)})
 
 
-def _feedback_md(
-    history: Sequence[TurnResult], proposals: Sequence[TurnResult], shown: list[tuple[str, list[CheckResult]]]
-) -> str:
-    """What each author was shown of its own code's checks before revising, by the version checked."""
-    versions = {t.content: t for t in [*proposals, *history] if t.kind is not TurnKind.CRITIQUE}
-    sections = []
-    for text, checks in shown:
-        turn = versions.get(text)
-        where = f"{turn.agent_id}, version of round {turn.round}" if turn else "a proposal"
-        sections.append(f"### {where}\n\n{feedback_block(checks) or '_no check applied_'}")
-    return "\n\n".join(sections) or "_no execution feedback (off for this role, or no review round)_"
-
-
-def _code_checker(council: CouncilResource, workspace: Workspace):
+def _patch_checks(council: CouncilResource, workspace: Workspace):
     """A repository task's patch checks (None: the code-block checks)."""
     return patch_checker(workspace, council.repos.run_limits()) if workspace.active else None
 
 
-def patches_md(finals: dict[str, TurnResult]) -> str:
-    """Each final proposal's rationale and its patch as a diff block."""
-    sections = []
-    for agent_id, final in finals.items():
-        patch = extract_patch(final.content)
-        diff = f"```diff\n{patch}```" if patch else "_no unified diff_"
-        sections.append(
-            f"### {agent_id} (round {final.round})\n\n{rationale_of(final.content)[:1_500]}\n\n{diff}"
-        )
-    return "\n\n".join(sections) or "_no proposal_"
-
-
-def _critiques_received(history: Sequence[TurnResult], agent_id: str) -> list[TurnResult]:
-    return [t for t in history if t.kind is TurnKind.CRITIQUE and t.ok and t.target_agent_id == agent_id]
-
-
-@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"python"})
+@dg.asset(**_ASSET, ins=_ON_COUNCIL, kinds={"python"})
 def scores(
     context: dg.AssetExecutionContext,
-    deliberation_task: Task,
+    convened: Convened,
     workspace: Workspace,
     proposals: list[TurnResult],
     reviews: list[TurnResult],
@@ -283,77 +274,37 @@ def scores(
 ) -> dg.Output[list[ProposalScore]]:
     """Each agent's final proposal scored by checks (parse, ruff, tests in the sandbox, coverage,
     LLM judge), in council order, with the evidence of each check."""
-    convened = council.convene(deliberation_task)
-    task, agents = convened.task, convened.agents
     history = [*proposals, *reviews]
+    limits, judge_tokens = council.sandbox.to_model(), convened.judge_max_tokens
     finals = current_versions(history)
-    with _live_turns(context, turn_runner, nats, task, convened.engine) as run_turns:
+    with _live_turns(context, turn_runner, nats, convened) as run_turns:
         scored = score_finals(
-            task,
-            agents,
+            convened.task,
+            convened.agents,
             finals,
             convened.weights,
-            council.sandbox.to_model(),
+            limits,
             run_turns,
-            convened.judge_max_tokens,
-            _code_checker(council, workspace),
+            judge_tokens,
+            _patch_checks(council, workspace),
         )
-    patches = {"patches": dg.MetadataValue.md(patches_md(finals))} if workspace.active else {}
-    if not scored:
-        return dg.Output(scored, metadata={"scores": dg.MetadataValue.text("no usable proposal"), **patches})
-    ranking = rank(
-        {s.agent_id: s.score for s in scored}, agents, {s.agent_id: s.value("judge") for s in scored}
-    )
-    by_agent = {s.agent_id: s for s in scored}
-    rows = []
-    for r in ranking:
-        s = by_agent[r.agent_id]
-        rows.append(
-            {
-                "rank": r.rank,
-                "agent_id": s.agent_id,
-                "score": s.score,
-                **{f"check_{c.name}": c.value for c in s.checks},
-                "code_blocks": s.code_blocks,
-                "final_round": finals[s.agent_id].round,
-            }
-        )
-    top = finals[ranking[0].agent_id]
-    check_columns = [f"check_{c.name}" for c in scored[0].checks]
-    return dg.Output(
-        scored,
-        metadata={
-            "scores": table(
-                rows, ["rank", "agent_id", "score", *check_columns, "code_blocks", "final_round"]
-            ),
-            "winner_proposal": dg.MetadataValue.md(f"## {top.agent_id}\n\n{top.content}"),
-            **patches,
-            "evidence": dg.MetadataValue.json(
-                {s.agent_id: [c.model_dump() for c in s.checks] for s in scored}
-            ),
-            "critiques_received": dg.MetadataValue.md(
-                "\n\n".join(
-                    f"### {c.agent_id} on {s.agent_id} (round {c.round})\n\n{c.content[:1_500]}"
-                    for s in scored
-                    for c in _critiques_received(history, s.agent_id)
-                )
-                or "_no critiques_"
-            ),
-        },
-    )
+    metadata = scores_metadata(scored, history, convened.agents)
+    if workspace.active:
+        metadata["patches"] = patches_markdown(finals)
+    return dg.Output(scored, metadata=metadata)
 
 
 QUORUM_CHECK = dg.AssetCheckSpec(
     "quorum_met",
-    asset="decision",
+    asset=DECISION,
     blocking=True,
     description="A quorum of agents (default a majority) delivered a final proposal. Blocking: a FAILED "
     "or TIMEOUT deliberation shows red and nothing downstream runs on it.",
 )
 WINNER_CHECK = dg.AssetCheckSpec(
     "winner_passes_checks",
-    asset="decision",
-    additional_deps=["scores"],
+    asset=DECISION,
+    additional_deps=[SCORES],
     description="The winner's code parses and passes the task's tests (tests that could not run count "
     "as not passed). A warning: the decision stands, the UI says it is unverified.",
 )
@@ -361,94 +312,83 @@ WINNER_CHECK = dg.AssetCheckSpec(
 
 # The checks are evaluated inside the asset, on this partition's values: a separate @asset_check
 # would load the decision of every partition (it has no partition of its own).
-@dg.asset(
-    partitions_def=deliberation_partitions,
-    group_name=GROUP,
-    kinds={"python"},
-    check_specs=[QUORUM_CHECK, WINNER_CHECK],
-)
+@dg.asset(**_ASSET, ins=_ON_COUNCIL, kinds={"python"}, check_specs=[QUORUM_CHECK, WINNER_CHECK])
 def decision(
-    context: dg.AssetExecutionContext,
-    deliberation_task: Task,
+    convened: Convened,
     workspace: Workspace,
     proposals: list[TurnResult],
     reviews: list[TurnResult],
     scores: list[ProposalScore],
     council: CouncilResource,
-    nats: NatsResource,
 ) -> Iterator[dg.Output[Decision] | dg.AssetCheckResult]:
     """The winner, the ranking and the status (COMPLETED, PARTIAL, FAILED, TIMEOUT), with reasons."""
-    task = deliberation_task
-    agents = council.convene(task).agents
     turns = [*proposals, *reviews]
-    finals = current_versions(turns)
+    by_agent = {s.agent_id: s for s in scores}
     result = decide(
-        agents,
+        convened.agents,
         turns,
-        finals,
-        {s.agent_id: s.score for s in scores},
-        {s.agent_id: s.value("judge") for s in scores},
+        current_versions(turns),
+        {a: s.score for a, s in by_agent.items()},
+        {a: s.value("judge") for a, s in by_agent.items()},
         council.quorum,
         {s.agent_id: s.not_run() for s in scores},
     )
-    if workspace.active:
-        result = _with_patch(context, council, task, workspace, result)
-    # orchestration.deliberation.completed|failed, one per run (the failure sensor shares the key),
-    # and the old collector's deliberation.completed|failed from the proposals.
-    duration_ms = (time.time() - _run_started(context)) * 1000
-    outcome = decision_outcome(task, result, context.run_id, duration_ms)
-    tags = context.run.tags
-    nats.publish(
-        [
-            deliberation_outcome_event(outcome, tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION)),
-            collector_event(task, proposals, context.run_id, duration_ms),
-        ]
-    )
-    report_story_decision(context, task, result, finals.get(result.winner_id or ""))
-    ranking_md = "\n".join(f"{r.rank}. {r.agent_id} — {r.score:.3f}" for r in result.ranking) or "_none_"
-    yield dg.Output(
-        result,
-        metadata={
-            "status": result.status.value,
-            "winner": result.winner_id or "none",
-            "ranking": dg.MetadataValue.md(ranking_md),
-            "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in result.reasons)),
-            **(
-                {
-                    "winning_patch": dg.MetadataValue.md(f"```diff\n{result.winner_patch}```"),
-                    "base_commit": result.base_commit,
-                    "pushed_branch": result.pushed_branch or "not pushed",
-                }
-                if result.winner_patch
-                else {}
-            ),
-            OUTCOME: outcome_metadata(task, result, turns),  # what the decision log keeps
-        },
-    )
+    if workspace.active:  # a repository task: the decision is the winning patch
+        patch = extract_patch(result.winner_content) if result.winner_id else ""
+        result = result.model_copy(update={"winner_patch": patch, "base_commit": workspace.commit})
+    # OUTCOME: what the decision log keeps
+    metadata = {**decision_metadata(result), OUTCOME: outcome_metadata(convened.task, result, turns)}
+    yield dg.Output(result, metadata=metadata)
     yield quorum_met(result)
     yield winner_passes_checks(result, scores)
 
 
-def _with_patch(
+@dg.asset(**_ASSET, ins=_ON_COUNCIL, kinds={"nats"})
+def decision_events(
     context: dg.AssetExecutionContext,
+    convened: Convened,
+    workspace: Workspace,
+    proposals: list[TurnResult],
+    decision: Decision,
     council: CouncilResource,
+    nats: NatsResource,
+) -> dg.MaterializeResult:
+    """Tells the world: a repository task's winning patch pushed as `fleet/{task_id}` where a remote
+    is configured, `orchestration.deliberation.completed|failed` (one per run: the failure sensor
+    shares its key), the old collector's `deliberation.completed|failed`, and the decision in its
+    story's `story_decisions`. Events NATS does not take wait in the outbox."""
+    task, tags, run_id = convened.task, context.run.tags, context.run_id
+    decision, pushed = _push(context, council.repos, task, workspace, decision)
+    duration_ms = (time.time() - _started(context)) * 1000
+    correlation, causation = tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION)
+    sink = nats.deliver(
+        run_id, outcome_events(task, decision, proposals, run_id, duration_ms, correlation, causation)
+    )
+    report_story_decision(context, task, decision)
+    outbox = nats.outbox()
+    pending = outbox.pending(context.run_id) if outbox is not None else 0
+    return dg.MaterializeResult(metadata={**events_metadata(pending, sink.unreachable), **pushed})
+
+
+def _push(
+    context: dg.AssetExecutionContext,
+    repos: ReposConfig,
     task: Task,
     workspace: Workspace,
-    result: Decision,
-) -> Decision:
-    """A repository task's decision: the winning patch, pushed as `fleet/{task_id}` where a remote
-    is configured (a push that fails is a reason, not a failed decision)."""
-    patch = extract_patch(result.winner_content) if result.winner_id else ""
-    update: dict[str, Any] = {"winner_patch": patch, "base_commit": workspace.commit}
-    if patch and council.repos.push_remote:
-        message = f"fleet: {task.task_id} ({result.winner_id})\n\n{task.description[:500]}"
-        try:
-            update["pushed_branch"] = council.repos.push(workspace, patch, message)
-        except CheckoutError as exc:
-            update["reasons"] = [*result.reasons, f"push of the winning patch failed: {exc}"]
-        else:
-            context.log.info(f"winning patch pushed as {update['pushed_branch']}")
-    return result.model_copy(update=update)
+    decision: Decision,
+) -> tuple[Decision, dict[str, str]]:
+    """The winning patch pushed where a remote is configured; the decision as the events tell it
+    (with the branch), and what the UI shows. A push that fails is logged, never a failed step."""
+    if not decision.winner_patch or not repos.push_remote:
+        return decision, {}
+    message = f"fleet: {task.task_id} ({decision.winner_id})\n\n{task.description[:500]}"
+    try:
+        branch = repos.push(workspace, decision.winner_patch, message)
+    except CheckoutError as exc:
+        context.log.warning(f"push of the winning patch failed: {exc}")
+        return decision, {"pushed_branch": f"push failed: {str(exc)[:300]}"}
+    context.log.info(f"winning patch pushed as {branch} to {repos.push_remote}")
+    return decision.model_copy(update={"pushed_branch": branch}), {"pushed_branch": branch}
 
 
 def quorum_met(decision: Decision) -> dg.AssetCheckResult:
@@ -493,11 +433,15 @@ deliberation_assets = [
     deliberation_task,
     story_context,
     workspace_asset,
+    convened_council,
     proposals,
     reviews,
     scores,
     decision,
+    decision_events,
 ]
+# The assets whose values the io_manager stores (decision_events stores none): what retention removes.
+STORED_ASSETS = [a.key.to_user_string() for a in deliberation_assets if a is not decision_events]
 
 
 def build_deliberation_job(engine_id: str | None = None) -> "dg.UnresolvedAssetJobDefinition":
@@ -506,7 +450,7 @@ def build_deliberation_job(engine_id: str | None = None) -> "dg.UnresolvedAssetJ
     limits running deliberations per engine (dagster.yaml)."""
     return dg.define_asset_job(
         DELIBERATION_JOB,
-        selection=dg.AssetSelection.groups(GROUP),
+        selection=dg.AssetSelection.groups(DELIBERATION_GROUP),
         partitions_def=deliberation_partitions,
         executor_def=dg.in_process_executor,  # ~0.1 s per step vs ~1 s per step with a process per step
         description="One council deliberation: proposals, review rounds, scores and the decision.",
@@ -522,13 +466,8 @@ def materialize_deliberation(
     raise_on_error: bool = True,
 ) -> dg.ExecuteInProcessResult:
     """Adds the partition and runs one deliberation in this process (tests, benchmarks, notebooks)."""
-    from dagster._core.storage.defs_state.base import set_defs_state_storage
-
     instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    # Dagster loads the definitions against the defs-state storage of the current context; one
-    # left there by an instance since collected fails the load ("Attempted to resolve undefined
-    # DagsterInstance weakref", seen in a long test session), so this run's instance is named.
-    with set_defs_state_storage(instance.defs_state_storage):
+    with defs_state_storage(instance):  # this run's instance, not one left in the context
         return dg.materialize(
             deliberation_assets,
             resources=resources,

@@ -12,13 +12,13 @@ from typing import cast
 import dagster as dg
 from pydantic import Field
 
+from ..names import EVALUATION_GROUP, EVALUATION_JOB
 from ..resources.council import CouncilResource
 from ..resources.turns import RayTurnRunner
 from .previews import table
 
 DROP_CHECK = "no_drop_vs_previous_partition"
 
-GROUP = "evaluation"
 evaluation_partitions = dg.DailyPartitionsDefinition(start_date="2025-01-01", end_offset=1)
 
 
@@ -50,7 +50,7 @@ class EvaluationConfig(dg.Config):
 
 @dg.asset(
     partitions_def=evaluation_partitions,
-    group_name=GROUP,
+    group_name=EVALUATION_GROUP,
     kinds={"ray", "python"},
     check_specs=[dg.AssetCheckSpec(DROP_CHECK, asset="evaluation")],
     io_manager_key="frames_io_manager",
@@ -149,8 +149,8 @@ def evaluation(
 
 
 evaluation_job = dg.define_asset_job(
-    "evaluation_job",
-    selection=dg.AssetSelection.groups(GROUP),
+    EVALUATION_JOB,
+    selection=dg.AssetSelection.groups(EVALUATION_GROUP),
     partitions_def=evaluation_partitions,
     executor_def=dg.in_process_executor,
     description="Councils vs single agents on a benchmark with hidden tests (arms A-E, oracle).",

@@ -2,9 +2,7 @@
 
 import dagster as dg
 
-from . import DELIBERATION_PARTITIONS
+from ..names import DELIBERATION_PARTITIONS, STORY_PARTITIONS
 
 deliberation_partitions = dg.DynamicPartitionsDefinition(name=DELIBERATION_PARTITIONS)
-story_partitions = dg.DynamicPartitionsDefinition(name="stories")
-GROUP = "deliberation"
-STORY_GROUP = "stories"
+story_partitions = dg.DynamicPartitionsDefinition(name=STORY_PARTITIONS)

@@ -6,7 +6,14 @@ from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
-from ..domain.models import TurnResult
+from ..domain.context import StoryContext
+from ..domain.councils import Convened
+from ..domain.decision import Decision, rank
+from ..domain.deliberation import current_versions
+from ..domain.models import AgentSpec, TurnKind, TurnResult
+from ..domain.prompts import feedback_block
+from ..domain.scoring import CheckResult, ProposalScore
+from ..domain.workspace import extract_patch, rationale_of
 
 TURN_TABLE_COLUMNS = [
     "agent_id",
@@ -59,3 +66,120 @@ def turns_markdown(results: Sequence[TurnResult], limit_chars: int = 4_000) -> d
         body = r.content[:limit_chars] if r.content else f"_{r.error_type}: {r.error}_"
         parts.append(f"{head}\n\n{body}")
     return dg.MetadataValue.md("\n\n---\n\n".join(parts) or "_no turns_")
+
+
+def council_metadata(convened: Convened) -> dict[str, dg.RawMetadataValue]:
+    """What the UI shows of the council a run used."""
+    return {
+        "council": dg.MetadataValue.json(convened.summary()),
+        "councils_file": convened.file or "none (built-in councils)",
+        "councils_file_version": convened.version or "none",
+    }
+
+
+def feedback_markdown(
+    history: Sequence[TurnResult],
+    proposals: Sequence[TurnResult],
+    shown: Sequence[tuple[str, list[CheckResult]]],
+) -> dg.MetadataValue:
+    """What each author was shown of its own code's checks before revising, by the version checked."""
+    versions = {t.content: t for t in [*proposals, *history] if t.kind is not TurnKind.CRITIQUE}
+    sections = []
+    for text, checks in shown:
+        turn = versions.get(text)
+        where = f"{turn.agent_id}, version of round {turn.round}" if turn else "a proposal"
+        sections.append(f"### {where}\n\n{feedback_block(checks) or '_no check applied_'}")
+    return dg.MetadataValue.md(
+        "\n\n".join(sections) or "_no execution feedback (off for this role, or no review round)_"
+    )
+
+
+def scores_metadata(
+    scored: Sequence[ProposalScore], history: Sequence[TurnResult], agents: Sequence[AgentSpec]
+) -> dict[str, dg.MetadataValue]:
+    """The ranking with every check's value, the leading proposal, the evidence and the critiques."""
+    if not scored:
+        return {"scores": dg.MetadataValue.text("no usable proposal")}
+    finals = current_versions(history)
+    ranking = rank(
+        {s.agent_id: s.score for s in scored}, agents, {s.agent_id: s.value("judge") for s in scored}
+    )
+    by_agent = {s.agent_id: s for s in scored}
+    rows = [
+        {
+            "rank": r.rank,
+            "agent_id": r.agent_id,
+            "score": by_agent[r.agent_id].score,
+            **{f"check_{c.name}": c.value for c in by_agent[r.agent_id].checks},
+            "code_blocks": by_agent[r.agent_id].code_blocks,
+            "final_round": finals[r.agent_id].round,
+        }
+        for r in ranking
+    ]
+    top = finals[ranking[0].agent_id]
+    check_columns = [f"check_{c.name}" for c in scored[0].checks]
+    critiques = [
+        f"### {c.agent_id} on {s.agent_id} (round {c.round})\n\n{c.content[:1_500]}"
+        for s in scored
+        for c in history
+        if c.kind is TurnKind.CRITIQUE and c.ok and c.target_agent_id == s.agent_id
+    ]
+    return {
+        "scores": table(rows, ["rank", "agent_id", "score", *check_columns, "code_blocks", "final_round"]),
+        "winner_proposal": dg.MetadataValue.md(f"## {top.agent_id}\n\n{top.content}"),
+        "evidence": dg.MetadataValue.json({s.agent_id: [c.model_dump() for c in s.checks] for s in scored}),
+        "critiques_received": dg.MetadataValue.md("\n\n".join(critiques) or "_no critiques_"),
+    }
+
+
+def decision_metadata(decision: Decision) -> dict[str, dg.RawMetadataValue]:
+    ranking = "\n".join(f"{r.rank}. {r.agent_id} — {r.score:.3f}" for r in decision.ranking)
+    return {
+        "status": decision.status.value,
+        "winner": decision.winner_id or "none",
+        "ranking": dg.MetadataValue.md(ranking or "_none_"),
+        "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in decision.reasons)),
+        **(
+            {
+                "winning_patch": dg.MetadataValue.md(f"```diff\n{decision.winner_patch}```"),
+                "base_commit": decision.base_commit,
+            }
+            if decision.winner_patch
+            else {}
+        ),
+    }
+
+
+def patches_markdown(finals: Mapping[str, TurnResult]) -> dg.MetadataValue:
+    """Each final proposal's rationale and its patch as a diff block (a repository task)."""
+    sections = []
+    for agent_id, final in finals.items():
+        patch = extract_patch(final.content)
+        diff = f"```diff\n{patch}```" if patch else "_no unified diff_"
+        sections.append(
+            f"### {agent_id} (round {final.round})\n\n{rationale_of(final.content)[:1_500]}\n\n{diff}"
+        )
+    return dg.MetadataValue.md("\n\n".join(sections) or "_no proposal_")
+
+
+def story_context_metadata(
+    built: StoryContext, events_note: str, prior_decisions: int
+) -> dict[str, dg.RawMetadataValue]:
+    """The story context's sources, what was dropped to fit, and the text the prompts show."""
+    rows = [{"kind": e.kind, "source": e.source, "chars": len(e.text)} for e in built.entries]
+    return {
+        "story_id": built.story_id or "none",
+        "sources": table(rows, ["kind", "source", "chars"]),
+        "context_events": events_note,
+        "prior_decisions": prior_decisions,
+        "dropped_for_size": dg.MetadataValue.md("\n".join(f"- {d}" for d in built.dropped) or "_none_"),
+        "context": dg.MetadataValue.md(built.render() or "_no story context_"),
+    }
+
+
+def events_metadata(pending: int, unreachable: str | None) -> dict[str, dg.RawMetadataValue]:
+    """Whether the run's events are all published, or how many wait in the outbox and why."""
+    if not pending:
+        return {"events_pending": 0, "events": "all published"}
+    why = unreachable or "NATS unreachable"
+    return {"events_pending": pending, "events": f"{pending} events pending: {why}; sent when it is back"}

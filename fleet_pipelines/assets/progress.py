@@ -2,8 +2,8 @@
 
 * token chunks on `vllm.streaming.{task_id}` (stream VLLM_STREAMING), as the admission queue cut
   them (a few per second per turn), then a closing chunk with the turn's status;
-* `agent.response.completed|failed` for each agent turn as soon as it ends (acked: events are part
-  of the contract, so a step that cannot publish them fails);
+* `agent.response.completed|failed` for each agent turn as soon as it ends (acked; what NATS does
+  not take waits in the outbox and is sent when it is back: a NATS outage never fails a run);
 * the Dagster run log: one line per finished turn with its queue wait beside its service time
   (what `fleet result --follow` prints), and every few seconds the tokens each turn has streamed.
 
@@ -21,9 +21,8 @@ import dagster as dg
 from ..domain.models import Task, TurnKind, TurnRequest, TurnResult, turn_label
 from ..domain.tools import ToolStep
 from ..events.outbound import agent_response_events, turn_chunk_event
-from ..events.planning import TAG_CAUSATION, TAG_CORRELATION
-from ..resources.events import NatsPublisher
-from . import TURN_LOG_PREFIX
+from ..names import TAG_CAUSATION, TAG_CORRELATION, TURN_LOG_PREFIX
+from ..resources.events import EventSink
 
 
 def turn_log_line(result: TurnResult) -> str:
@@ -38,7 +37,7 @@ class TurnProgress:
     def __init__(
         self,
         context: dg.AssetExecutionContext,
-        publisher: NatsPublisher,
+        publisher: EventSink,
         task: Task,
         log_every_s: float = 5.0,
     ):

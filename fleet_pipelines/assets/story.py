@@ -12,14 +12,17 @@ import dagster as dg
 
 from ..domain.context import ContextEntry, StoryContext, assemble, decision_text, story_entry
 from ..domain.decision import Decision
-from ..domain.models import Task, TurnResult
+from ..domain.models import Task
 from ..events.context import read_context_updates
 from ..events.streams import NatsError
+from ..history.runs import run_started
+from ..names import DELIBERATION_GROUP, STORY_GROUP
+from ..names import STORY_DECISIONS as STORY_DECISIONS_NAME
 from ..resources.events import NatsResource
-from .partitions import STORY_GROUP, deliberation_partitions, story_partitions
-from .previews import table
+from .partitions import deliberation_partitions, story_partitions
+from .previews import story_context_metadata
 
-STORY_DECISIONS = dg.AssetKey("story_decisions")
+STORY_DECISIONS = dg.AssetKey(STORY_DECISIONS_NAME)
 
 story_decisions = dg.AssetSpec(
     STORY_DECISIONS,
@@ -30,9 +33,7 @@ story_decisions = dg.AssetSpec(
 )
 
 
-def report_story_decision(
-    context: dg.AssetExecutionContext, task: Task, decision: Decision, winner: TurnResult | None
-) -> None:
+def report_story_decision(context: dg.AssetExecutionContext, task: Task, decision: Decision) -> None:
     """Records this deliberation's decision in its story's `story_decisions` partition."""
     if not task.story_id:
         return
@@ -48,7 +49,7 @@ def report_story_decision(
                 "run_id": context.run_id,
                 "status": decision.status.value,
                 "winner_id": decision.winner_id or "",
-                "winner_summary": winner.content if winner else "",
+                "winner_summary": decision.winner_content,
                 "rationale": rationale,
             },
         )
@@ -87,9 +88,24 @@ def prior_decisions(context: dg.AssetExecutionContext, task: Task, before: float
     return list(latest.values())
 
 
+def context_events(
+    context: dg.AssetExecutionContext, nats: NatsResource, story_id: str | None
+) -> tuple[list[ContextEntry], str]:
+    """The story's `context.updated` events, and what the UI says of reading them. Without NATS
+    the context is built without them (a warning), never failing the run."""
+    if not story_id:
+        return [], "no story id"
+    try:
+        updates, skipped = nats.session(lambda session: read_context_updates(session, story_id))
+    except NatsError as exc:
+        context.log.warning(f"context events of story {story_id} not read: {exc}")
+        return [], f"not read: {exc}"
+    return updates, f"{len(updates)} read" + (f", {skipped} unreadable skipped" if skipped else "")
+
+
 @dg.asset(
     partitions_def=deliberation_partitions,
-    group_name="deliberation",
+    group_name=DELIBERATION_GROUP,
     kinds={"python"},
     deps=[dg.AssetDep(STORY_DECISIONS, partition_mapping=dg.AllPartitionMapping())],
 )
@@ -101,28 +117,8 @@ def story_context(
     (`story_decisions`), bounded in size, each entry with its source."""
     task = deliberation_task
     story = story_entry(task.plan_id, task.story_title, task.story_description, task.acceptance_criteria)
-    record = context.instance.get_run_record_by_id(context.run_id)
-    started = record.start_time if record is not None and record.start_time else None
+    started = run_started(context.instance, context.run_id)
     decisions = prior_decisions(context, task, before=started) if started else []
-    updates: list[ContextEntry] = []
-    events_note = "no story id"
-    if task.story_id:
-        try:
-            updates, skipped = nats.session(lambda session: read_context_updates(session, task.story_id))
-            events_note = f"{len(updates)} read" + (f", {skipped} unreadable skipped" if skipped else "")
-        except NatsError as exc:
-            events_note = f"not read: {exc}"
-            context.log.warning(f"context events of story {task.story_id} not read: {exc}")
+    updates, events_note = context_events(context, nats, task.story_id)
     built = assemble(task.story_id, story, decisions, updates)
-    rows = [{"kind": e.kind, "source": e.source, "chars": len(e.text)} for e in built.entries]
-    return dg.Output(
-        built,
-        metadata={
-            "story_id": task.story_id or "none",
-            "sources": table(rows, ["kind", "source", "chars"]),
-            "context_events": events_note,
-            "prior_decisions": len(decisions),
-            "dropped_for_size": dg.MetadataValue.md("\n".join(f"- {d}" for d in built.dropped) or "_none_"),
-            "context": dg.MetadataValue.md(built.render() or "_no story context_"),
-        },
-    )
+    return dg.Output(built, metadata=story_context_metadata(built, events_note, len(decisions)))

@@ -6,10 +6,11 @@ import dagster as dg
 
 from ..domain.models import Task
 from ..domain.workspace import Workspace
+from ..names import DELIBERATION_GROUP, WORKSPACE
 from ..resources.council import CouncilResource
 from ..workspace.checkout import CheckoutError
 from ..workspace.environment import DependencyError
-from .partitions import GROUP, deliberation_partitions
+from .partitions import deliberation_partitions
 from .previews import table
 
 
@@ -26,7 +27,9 @@ def baseline_md(workspace: Workspace) -> str:
     return "\n\n".join(lines)
 
 
-@dg.asset(partitions_def=deliberation_partitions, group_name=GROUP, kinds={"git"})
+@dg.asset(
+    partitions_def=deliberation_partitions, group_name=DELIBERATION_GROUP, name=WORKSPACE, kinds={"git"}
+)
 def workspace(
     context: dg.AssetExecutionContext, deliberation_task: Task, council: CouncilResource
 ) -> dg.Output[Workspace]:

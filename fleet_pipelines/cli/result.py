@@ -1,4 +1,4 @@
-"""`fleet result`: a task's status and results (events/results.py looks them up)."""
+"""`fleet result`: a task's status and results (history/results.py looks them up)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,10 @@ def result(task_id: str, as_json: bool, wait: float, follow: bool, patch_only: b
     found = None if follow else stored_result(settings.storage, task_id)
     if found is None:  # not decided yet, or by an older run: ask the Dagster instance
         found = _lookup(task_id, wait, follow, settings)
+    if found.run_id:
+        from ..events.outbox import Outbox
+
+        found = found.model_copy(update={"events_pending": Outbox(settings.outbox).pending(found.run_id)})
     if patch_only:
         if not found.winner_patch:
             click.echo(f"fleet result: task {task_id} ({found.status.value}) has no winning patch", err=True)
@@ -63,6 +67,8 @@ def result(task_id: str, as_json: bool, wait: float, follow: bool, patch_only: b
         click.echo(found.model_dump_json(indent=2))
     else:
         click.echo(f"task {found.task_id}: {found.status.value} (from {found.source})\n  {found.detail}")
+        if found.events_pending:
+            click.echo(f"  {found.events_pending} events pending: NATS was unreachable; sent when it is back")
         echo_decision(found.winner_id, found.ranking, found.reasons, found.winner_content)
     if (wait or follow) and found.status not in TERMINAL and found.status.value != "NOT_FOUND":
         sys.exit(EXIT_WAIT_EXPIRED)
@@ -73,8 +79,9 @@ def _lookup(task_id: str, wait: float, follow: bool, settings: FleetSettings) ->
     """The task's status from the Dagster instance, polled until final with --wait/--follow."""
     import dagster as dg
 
-    from ..events.results import find_task_in_stream, finished_turns, task_result
+    from ..events.plan_lookup import find_task_in_stream
     from ..history.log import read_log
+    from ..history.results import finished_turns, task_result
     from ..history.stored import read_stored
     from ..history.task_result import TERMINAL, TaskStatus
 

@@ -65,7 +65,8 @@ def run(as_json: bool, verbose: bool, **options) -> None:
     import dagster as dg
 
     from ..assets.deliberation import build_task, deliberation_partitions, deliberation_run_config
-    from ..settings import NO_NATS, FleetSettings
+    from ..events.options import NO_NATS
+    from ..settings import FleetSettings
     from .common import dagster_home
 
     task_id, fields = task_fields(options)

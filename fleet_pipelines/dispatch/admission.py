@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..domain.models import TurnKind, TurnRequest, TurnResult, TurnStatus
-from ..llm.engine import ChatEngine, EngineError, EngineSettings, llama_cpp_slots, normalize_base_url
+from ..llm.engine import ChatEngine, Engine, EngineError, EngineSettings, llama_cpp_slots, normalize_base_url
 from ..llm.vllm_actor import VLLMActorEngine, VLLMActorSettings
 
 AnyEngineSettings = EngineSettings | VLLMActorSettings
@@ -42,12 +42,12 @@ def engine_capacity(engine: AnyEngineSettings) -> int:
     return engine.slots or llama_cpp_slots(engine.base_url) or DEFAULT_SLOTS
 
 
-def make_engine(engine: AnyEngineSettings) -> ChatEngine | VLLMActorEngine:
+def make_engine(engine: AnyEngineSettings) -> Engine:
     return VLLMActorEngine(engine) if isinstance(engine, VLLMActorSettings) else ChatEngine(engine)
 
 
 async def execute_turn(
-    engine: ChatEngine | VLLMActorEngine,
+    engine: Engine,
     request: TurnRequest,
     deadline: float = math.inf,
     on_text=None,

@@ -22,13 +22,16 @@ Pure: parsing and validation only; an invalid file raises `CouncilsFileError` na
 from __future__ import annotations
 
 from typing import Annotated
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from .council import MAX_TEMPERATURE, CouncilSettings
-from .models import MAX_RUBRIC_CHARS, AgentSpec, Role
+from .council import MAX_TEMPERATURE, CouncilSettings, build_council
+from .models import MAX_RUBRIC_CHARS, AgentSpec, Role, Task, TurnKind
 from .scoring import ScoringWeights
+
+AGENT_TURN_KINDS = (TurnKind.PROPOSE, TurnKind.CRITIQUE, TurnKind.REVISE)
 
 EngineName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
@@ -53,6 +56,25 @@ class EngineEntry(BaseModel):
         min_length=1, description="The engine's OpenAI-compatible URL (`/v1` added if missing)."
     )
     model: str = Field(min_length=1, description="Model name sent with each request.")
+    slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests this engine serves at once; default its llama.cpp /props, else 4.",
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+        description="Environment variable holding this engine's API key (the key never sits in the file).",
+    )
+
+    def engine_id(self) -> str:
+        """The engine as a run tag value (`fleet/engine`): its host:port."""
+        return engine_id(self.base_url)
+
+
+def engine_id(base_url: str) -> str:
+    """An OpenAI-compatible engine's identity for the run queue: host:port of its URL."""
+    return urlparse(base_url).netloc or base_url
 
 
 class AgentProfile(BaseModel):
@@ -117,6 +139,15 @@ class RoleCouncil(BaseModel):
             update["max_tokens"] = self.max_tokens
         return base.model_copy(update=update)
 
+    def given(self) -> list[str]:
+        """The values the file sets for this role, by name (`budgets.propose`, `weights.tests`)."""
+        given = []
+        for name in sorted(self.model_fields_set):
+            value = getattr(self, name)
+            nested = value.model_fields_set if isinstance(value, BaseModel) else ()
+            given += [f"{name}.{field}" for field in sorted(nested)] or [name]
+        return given
+
     def shape(self, agents: list[AgentSpec]) -> list[AgentSpec]:
         """The council with this role's agent profiles applied (agent i takes profile i, cycled)."""
         if not self.agents:
@@ -148,6 +179,70 @@ class CouncilsFile(BaseModel):
     def engine(self, role: Role) -> EngineEntry | None:
         name = self.council(role).engine
         return self.engines[name] if name else None
+
+
+class Convened(BaseModel):
+    """The council a task gets, decided once per run: the task (with the council's default rubric
+    where it gave none), the council's settings and agents, the weights it is scored by, the engine
+    its turns go to (None: the stack's) and the councils file version that set them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: Task
+    settings: CouncilSettings
+    agents: list[AgentSpec]
+    weights: ScoringWeights
+    judge_max_tokens: int = Field(ge=16, description="Completion limit of a judge turn.")
+    engine: EngineEntry | None = None
+    file: str | None = Field(default=None, description="The councils file, None: built-in councils.")
+    version: str | None = Field(default=None, description="The councils file's version.")
+
+    def summary(self) -> dict:
+        """What the UI and `fleet councils show` print of the council."""
+        return {
+            "role": self.task.role.value,
+            "engine": self.engine.model_dump() if self.engine else "the stack's engine",
+            "agents": [
+                {"agent_id": a.agent_id, "temperature": a.temperature, "diversity": a.diversity}
+                for a in self.agents
+            ],
+            "budgets": {kind.value: self.settings.budget(kind) for kind in AGENT_TURN_KINDS},
+            "judge_max_tokens": self.judge_max_tokens,
+            "execution_feedback": self.settings.feedback_for(self.task.role),
+            "rubric": self.task.constraints.rubric,
+            "weights": self.weights.model_dump(),
+        }
+
+
+def convene(
+    task: Task,
+    base: CouncilSettings,
+    weights: ScoringWeights,
+    judge_max_tokens: int,
+    councils: CouncilsFile | None = None,
+    file: str | None = None,
+) -> Convened:
+    """The council of the task's role: the configured values (`base`, `weights`,
+    `judge_max_tokens`), with what the councils file sets for the role over them. A role the file
+    does not name, and every value the file does not give, keeps the configured value."""
+    council = councils.council(task.role) if councils is not None else RoleCouncil()
+    settings = council.settings(base)
+    if council.rubric and not task.constraints.rubric:
+        task = task.model_copy(
+            update={"constraints": task.constraints.model_copy(update={"rubric": council.rubric})}
+        )
+    return Convened(
+        task=task,
+        settings=settings,
+        agents=council.shape(build_council(task.role, task.num_agents, settings)),
+        weights=weights.model_copy(
+            update=council.weights.model_dump(include=council.weights.model_fields_set)
+        ),
+        judge_max_tokens=council.judge_max_tokens or judge_max_tokens,
+        engine=councils.engine(task.role) if councils is not None else None,
+        file=file,
+        version=councils.version if councils is not None else None,
+    )
 
 
 def parse_councils(text: str, source: str = "councils file") -> CouncilsFile:

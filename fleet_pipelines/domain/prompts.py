@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .models import AgentSpec, Message, Role, Task
+from .sections import PROPOSAL_SECTIONS
 
 if TYPE_CHECKING:
     from .scoring import CheckResult
@@ -28,13 +29,6 @@ ROLE_EXPERTISE: dict[Role, str] = {
 DIVERSITY_INSTRUCTION = (
     "Take a creative approach that differs from the obvious one: consider alternatives other agents "
     "are unlikely to propose."
-)
-
-PROPOSAL_SECTIONS = (
-    "Requirements analysis",
-    "Solution approach",
-    "Implementation details",
-    "Challenges and mitigations",
 )
 
 

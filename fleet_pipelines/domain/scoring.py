@@ -24,7 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from .models import Message, Role, Task, TurnResult
-from .prompts import PROPOSAL_SECTIONS
+from .sections import PROPOSAL_SECTIONS
 
 CODE_ROLES = frozenset({Role.DEV, Role.QA, Role.DEVOPS, Role.DATA})
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)

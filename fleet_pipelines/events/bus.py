@@ -11,10 +11,8 @@ import base64
 import contextlib
 import hashlib
 import json
-import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 import nats
 from nats.aio.client import Client
@@ -23,6 +21,7 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
 from .models import Publishable
+from .options import NO_NATS, ConnectOptions
 from .planning import StreamMessage
 from .streams import (
     OWNER_METADATA,
@@ -43,28 +42,6 @@ _HEADER_ALLOWANCE = 512  # bytes of headers and protocol around a published payl
 _MAX_PLAIN_MSG_ID = 256
 
 
-@dataclass(frozen=True)
-class ConnectOptions:
-    url: str
-    token: str | None = None
-    user: str | None = None
-    password: str | None = None
-    creds_file: str | None = None
-    tls_ca_file: str | None = None
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    connect_timeout_s: float = 2.0
-    request_timeout_s: float = 5.0
-
-    def tls_context(self) -> ssl.SSLContext | None:
-        if not (self.tls_ca_file or self.tls_cert_file):
-            return None
-        context = ssl.create_default_context(cafile=self.tls_ca_file)
-        if self.tls_cert_file:
-            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
-        return context
-
-
 def _why(exc: BaseException) -> str:
     """The error's class and text (nats-py's repr leaves out the server's description)."""
     return f"{type(exc).__name__}: {exc}"
@@ -75,6 +52,8 @@ async def _silent(_: Exception) -> None:
 
 
 async def connect(options: ConnectOptions) -> NatsSession:
+    if not options.url:
+        raise NatsError(NO_NATS)
     try:
         # One attempt per server: nats-py's connect retries forever with max_reconnect_attempts=0.
         connecting = nats.connect(

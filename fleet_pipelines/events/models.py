@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from ..domain.models import STORY_FIELDS, Requirement, Role, Task, flat_form, flat_task_fields
+from ..domain.models import STORY_FIELDS, Requirement, Role, Task, TurnResult, flat_form, flat_task_fields
 
 SCHEMA_VERSION = 1
 PRODUCER = "fleet-pipelines"
@@ -122,6 +122,17 @@ class Proposal(BaseModel):
     model: str = Field(description="Model that wrote it.")
     temperature: float = Field(description="Sampling temperature.")
     tokens: int = Field(description="Completion tokens.")
+
+    @classmethod
+    def from_turn(cls, turn: TurnResult) -> Proposal:
+        return cls(
+            content=turn.content,
+            author_id=turn.agent_id,
+            author_role=turn.role.value,
+            model=turn.model,
+            temperature=turn.temperature,
+            tokens=turn.tokens_out,
+        )
 
 
 class AgentResponse(BaseModel):

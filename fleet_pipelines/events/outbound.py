@@ -81,16 +81,7 @@ def agent_response_events(
             duration_ms=r.latency_ms,
             queue_ms=r.queue_ms,
             num_agents=task.num_agents,
-            proposal=Proposal(
-                content=r.content,
-                author_id=r.agent_id,
-                author_role=r.role.value,
-                model=r.model,
-                temperature=r.temperature,
-                tokens=r.tokens_out,
-            )
-            if ok
-            else None,
+            proposal=Proposal.from_turn(r) if ok else None,
             error=None if ok else r.error,
             error_type=None if ok else r.error_type,
         )
@@ -139,14 +130,7 @@ def collector_event(task: Task, proposals: Sequence[TurnResult], run_id: str, du
         {
             "agent_id": p.agent_id,
             "role": p.role.value,
-            "proposal": Proposal(
-                content=p.content,
-                author_id=p.agent_id,
-                author_role=p.role.value,
-                model=p.model,
-                temperature=p.temperature,
-                tokens=p.tokens_out,
-            ).model_dump(mode="json"),
+            "proposal": Proposal.from_turn(p).model_dump(mode="json"),
             "duration_ms": p.latency_ms,
             "timestamp": now,
         }
@@ -264,6 +248,24 @@ def _patch_fields(decision: Decision) -> dict:
         "base_commit": decision.base_commit or None,
         "pushed_branch": decision.pushed_branch or None,
     }
+
+
+def outcome_events(
+    task: Task,
+    decision: Decision,
+    proposals: Sequence[TurnResult],
+    run_id: str,
+    duration_ms: float,
+    correlation_id: str | None = None,
+    causation_id: str | None = None,
+) -> list[Event]:
+    """What a decided run tells: `orchestration.deliberation.completed|failed` and the old
+    collector's `deliberation.completed|failed` from the proposals."""
+    outcome = decision_outcome(task, decision, run_id, duration_ms)
+    return [
+        deliberation_outcome_event(outcome, correlation_id, causation_id),
+        collector_event(task, proposals, run_id, duration_ms),
+    ]
 
 
 def rejected_event(rejected: PlanningRejected) -> Event:

@@ -10,6 +10,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..domain.models import STORY_FIELDS, Task
+from ..names import TAG_CAUSATION, TAG_CORRELATION, TAG_EVENT_SEQ, TAG_PLAN, TAG_ROLE, TAG_STORY
 from .models import EventEnvelope, PlanApproved, PlannedTask, PlanningRejected, utc_now
 from .streams import PLAN_APPROVED
 
@@ -22,14 +23,6 @@ DEAD_LETTER_REASON_CHARS = 2_000
 DEAD_LETTER_HEADERS = 16
 DEAD_LETTER_HEADER_CHARS = 256
 MINIMAL_REASON_CHARS = 300
-# Run tags of a deliberation started from planning (the run queue limits runs per TAG_ROLE value).
-TAG_ROLE = "fleet/role"
-TAG_ENGINE = "fleet/engine"  # the engine of the run: the run queue limits runs per engine
-TAG_STORY = "fleet/story_id"
-TAG_PLAN = "fleet/plan_id"
-TAG_CORRELATION = "fleet/correlation_id"
-TAG_CAUSATION = "fleet/causation_id"
-TAG_EVENT_SEQ = "fleet/planning_seq"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:-]")
 # A \uD800-\uDFFF escape: JSON text may spell a lone surrogate, which no UTF-8 store accepts.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")

@@ -17,14 +17,14 @@ import dagster as dg
 
 from ..domain.decision import Decision
 from ..domain.models import Task, TurnResult
-from ..resources.io import read_frame
-from .stored import read_stored, stored_path
+from ..names import DECISION, DECISION_LOG
+from .runs import start_times
+from .stored import read_frame, read_stored, stored_path
 
 if TYPE_CHECKING:  # pandas loads when a table is built or read, not with `fleet result`
     import pandas as pd
 
-DECISION = dg.AssetKey("decision")
-DECISION_LOG = "decision_log"
+DECISION_KEY = dg.AssetKey(DECISION)
 OUTCOME = "outcome"  # metadata entry of each decision materialization
 DAY_FORMAT = "%Y-%m-%d"
 PAGE = 1_000
@@ -83,7 +83,7 @@ def decision_records(instance: dg.DagsterInstance, day: str) -> list[dg.EventLog
     start, end = day_window(day)
     # after_timestamp is exclusive; a decision stored exactly at midnight belongs to this day
     records_filter = dg.AssetRecordsFilter(
-        asset_key=DECISION, after_timestamp=start - 1e-6, before_timestamp=end
+        asset_key=DECISION_KEY, after_timestamp=start - 1e-6, before_timestamp=end
     )
     records: list[dg.EventLogRecord] = []
     cursor = None
@@ -101,18 +101,10 @@ def latest_decision_ids(instance: dg.DagsterInstance, task_ids: list[str]) -> di
     for i in range(0, len(task_ids), PAGE):
         latest.update(
             instance.event_log_storage.get_latest_storage_id_by_partition(
-                DECISION, dg.DagsterEventType.ASSET_MATERIALIZATION, set(task_ids[i : i + PAGE])
+                DECISION_KEY, dg.DagsterEventType.ASSET_MATERIALIZATION, set(task_ids[i : i + PAGE])
             )
         )
     return latest
-
-
-def _start_times(instance: dg.DagsterInstance, run_ids: list[str]) -> dict[str, float | None]:
-    starts: dict[str, float | None] = {}
-    for i in range(0, len(run_ids), PAGE):
-        for record in instance.get_run_records(dg.RunsFilter(run_ids=run_ids[i : i + PAGE])):
-            starts[record.dagster_run.run_id] = record.start_time
-    return starts
 
 
 def _utc(timestamp: float | None) -> pd.Timestamp | None:
@@ -122,9 +114,9 @@ def _utc(timestamp: float | None) -> pd.Timestamp | None:
 
 
 def _winner_content(base_path: str, task_id: str) -> str | None:
-    if not stored_path(base_path, DECISION.to_user_string(), task_id).exists():
+    if not stored_path(base_path, DECISION, task_id).exists():
         return None
-    stored = read_stored(base_path, DECISION.to_user_string(), task_id)
+    stored = read_stored(base_path, DECISION, task_id)
     return stored.winner_content or None if isinstance(stored, Decision) else None
 
 
@@ -134,7 +126,7 @@ def build_day(instance: dg.DagsterInstance, base_path: str, day: str) -> pd.Data
 
     records = [r for r in decision_records(instance, day) if r.partition_key]
     latest = latest_decision_ids(instance, sorted({r.partition_key for r in records}))
-    starts = _start_times(instance, sorted({r.run_id for r in records}))
+    starts = start_times(instance, sorted({r.run_id for r in records}), PAGE)
     rows = []
     for record in records:
         materialization = record.asset_materialization

@@ -13,7 +13,8 @@ from collections import Counter
 import dagster as dg
 from pydantic import BaseModel, Field
 
-from .log import DECISION, day_of, latest_decision_ids, read_log
+from ..dagster_private import delete_dynamic_partitions
+from .log import DECISION_KEY, day_of, latest_decision_ids, read_log
 from .stored import stored_path
 
 PAGE = 500
@@ -55,23 +56,6 @@ def _delete(path) -> bool:
     return True
 
 
-def _delete_partitions(instance: dg.DagsterInstance, partitions_def_name: str, keys: list[str]) -> None:
-    """One DELETE for a page of partitions. `instance.delete_dynamic_partition` takes one key and
-    opens its own connections: 0.1 s a key on PostgreSQL here, an hour for a 36,000-key catch-up.
-    This is the statement it runs, over many keys (Dagster's table, pinned version)."""
-    if not keys:
-        return
-    # Dagster's SQL schema loads SQLAlchemy and Alembic (~0.3 s): only when retention runs.
-    from dagster._core.storage.event_log.schema import DynamicPartitionsTable as table
-
-    with instance.event_log_storage.index_connection() as conn:
-        conn.execute(
-            table.delete().where(
-                table.c.partitions_def_name == partitions_def_name, table.c.partition.in_(keys)
-            )
-        )
-
-
 def expire(
     instance: dg.DagsterInstance,
     base_path: str,
@@ -97,7 +81,7 @@ def expire(
             {
                 r.partition_key: r
                 for r in instance.fetch_materializations(
-                    dg.AssetRecordsFilter(asset_key=DECISION, storage_ids=list(latest.values())),
+                    dg.AssetRecordsFilter(asset_key=DECISION_KEY, storage_ids=list(latest.values())),
                     limit=len(latest),
                 ).records
             }
@@ -125,7 +109,7 @@ def expire(
                 report.files_removed += _delete(stored_path(base_path, asset, key))
             removable.append(key)
             by_day[day] += 1
-        _delete_partitions(instance, partitions_def_name, removable)
+        delete_dynamic_partitions(instance, partitions_def_name, removable)
         report.removed.extend(removable)
         if not page.has_more or (newer and not expired):
             break

@@ -4,7 +4,7 @@
 loading a Dagster instance alone takes longer): when the task's stored decision was written by
 the run that also stored its task (the first asset of every run), that run is the task's latest
 started run and it has decided. Anything else (no decision yet, a newer run going, a retried run,
-a partition removed by retention) goes to the full lookup, events/results.py.
+a partition removed by retention) goes to the full lookup, history/results.py.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..domain.decision import Decision
+from ..names import DECISION, DELIBERATION_TASK
 from .stored import read_stored_entry
 
 
@@ -46,6 +47,9 @@ class TaskResult(BaseModel):
     reasons: list[str] = Field(default_factory=list, description="Why this status and winner.")
     winner_content: str | None = Field(default=None, description="The winning proposal.")
     winner_patch: str | None = Field(default=None, description="A repository task: the winning unified diff.")
+    events_pending: int = Field(
+        default=0, description="Events of the run kept while NATS was unreachable, not yet published."
+    )
 
 
 def from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
@@ -65,11 +69,11 @@ def from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
 
 def stored_result(base_path: str, task_id: str) -> TaskResult | None:
     """The task's decision from storage when its latest started run stored it, else None."""
-    decided = read_stored_entry(base_path, "decision", task_id)
+    decided = read_stored_entry(base_path, DECISION, task_id)
     if decided is None:
         return None
     decision, run_id = decided
-    started = read_stored_entry(base_path, "deliberation_task", task_id)
+    started = read_stored_entry(base_path, DELIBERATION_TASK, task_id)
     if run_id is None or started is None or started[1] != run_id or not isinstance(decision, Decision):
         return None
     return from_decision(task_id, run_id, decision)

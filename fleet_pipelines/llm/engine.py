@@ -23,6 +23,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import openai
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -61,6 +62,23 @@ class Completion:
     latency_ms: float  # from sending to the last token (service time)
     first_token_ms: float
     attempts: int
+
+
+class Engine(Protocol):
+    """What the admission queue sends turns to: `ChatEngine` (any OpenAI-compatible server) and
+    `VLLMActorEngine` (vLLM's engine in a Ray actor). Errors that end a turn raise `EngineError`."""
+
+    async def stream(
+        self,
+        messages: list[Message],
+        temperature: float,
+        max_tokens: int,
+        stop: list[str] | None = None,
+        response_schema: dict | None = None,
+        on_text: OnText | None = None,
+    ) -> Completion:
+        """One streamed chat completion; with `response_schema` the reply is that JSON schema's."""
+        ...
 
 
 class EngineError(Exception):
@@ -103,7 +121,7 @@ class ChatEngine:
         s = settings
         self._client = openai.AsyncOpenAI(
             base_url=normalize_base_url(s.base_url),
-            api_key=s.api_key.get_secret_value(),
+            api_key=s.api_key.get_secret_value() if s.api_key else "not-needed",
             # A backstop only: the first-token and idle clocks below are the real ones.
             timeout=openai.Timeout(
                 connect=s.connect_timeout_s,

@@ -21,7 +21,9 @@ class EngineSettings(BaseModel):
         description="Engine base URL, e.g. http://127.0.0.1:8080/v1 (`/v1` is added if missing)."
     )
     model: str = Field(description="Model name sent with each request (vLLM: the served model name).")
-    api_key: SecretStr = Field(default=SecretStr("not-needed"), description="Engine API key.")
+    api_key: SecretStr | None = Field(
+        default=None, description="Engine API key; None: the engine needs none."
+    )
     slots: int | None = Field(
         default=None,
         ge=1,

@@ -29,15 +29,14 @@ class DerivedConfig(dg.Config):
         return self.source(**self.model_dump())
 
 
-def derived_config(
+def derived_fields(
     source: type,
-    name: str,
     *,
     exclude: tuple[str, ...] = (),
     overrides: dict[str, tuple[Any, FieldInfo]] | None = None,
     descriptions: dict[str, str] | None = None,
-) -> type[DerivedConfig]:
-    """A dg.Config class with the fields of `source`, minus `exclude`, with `overrides`."""
+) -> dict[str, tuple[Any, FieldInfo]]:
+    """The fields of `source` (a pydantic model or a dataclass), minus `exclude`, with `overrides`."""
     if isinstance(source, type) and issubclass(source, BaseModel):
         fields = {n: (f.annotation, f) for n, f in source.model_fields.items()}
     else:
@@ -48,7 +47,17 @@ def derived_config(
         }
     fields = {n: spec for n, spec in fields.items() if n not in exclude}
     fields.update(overrides or {})
-    cls = create_model(name, __base__=DerivedConfig, __doc__=source.__doc__, **fields)
+    return fields
+
+
+def derived_model(source: type, name: str, base: type[BaseModel], **options: Any) -> Any:
+    """A subclass of `base` (a dg.Config, a dg.ConfigurableResource) with the fields of `source`."""
+    return create_model(name, __base__=base, __doc__=source.__doc__, **derived_fields(source, **options))
+
+
+def derived_config(source: type, name: str, **options: Any) -> type[DerivedConfig]:
+    """A dg.Config class with the fields of `source`; `to_model()` gives back a `source`."""
+    cls = derived_model(source, name, DerivedConfig, **options)
     cls.source = source
     return cls
 
@@ -84,14 +93,6 @@ OpenAIEngineConfig = derived_config(
         )
     },
 )
-
-
-def _openai_to_model(self: DerivedConfig) -> EngineSettings:
-    values = self.model_dump()
-    return EngineSettings(**{**values, "api_key": values["api_key"] or "not-needed"})
-
-
-OpenAIEngineConfig.to_model = _openai_to_model
 
 
 class EngineConfig(dg.Config):

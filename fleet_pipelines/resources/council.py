@@ -1,22 +1,23 @@
 """The `council` resource: how councils sample, how proposals are scored, and the quorum; and the
-councils file (`FLEET_COUNCILS_FILE`) that sets them per role."""
+councils file (`FLEET_COUNCILS_FILE`) that sets them per role.
+
+Its sampling fields are those of the domain's `CouncilSettings` (derived, never copied: see
+resources/config.py), so the UI's config and the code cannot disagree.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
-from ..domain.council import CouncilSettings, build_council
-from ..domain.councils import CouncilsFile, CouncilsFileError, EngineEntry, parse_councils
-from ..domain.models import AgentSpec, Task, TurnKind
-from ..domain.scoring import ScoringWeights
-from .config import SandboxLimitsConfig, ScoringWeightsConfig
+from ..domain.council import CouncilSettings
+from ..domain.councils import Convened, CouncilsFile, CouncilsFileError, convene, parse_councils
+from ..domain.models import Role, Task
+from ..names import TAG_ENGINE
+from .config import SandboxLimitsConfig, ScoringWeightsConfig, derived_model
 from .repos import ReposConfig
-
-AGENT_TURN_KINDS = (TurnKind.PROPOSE, TurnKind.CRITIQUE, TurnKind.REVISE)
 
 
 def read_councils(path: str) -> CouncilsFile:
@@ -28,61 +29,25 @@ def read_councils(path: str) -> CouncilsFile:
     return parse_councils(text, source=path)
 
 
-@dataclass(frozen=True)
-class Convened:
-    """The council a task gets: its agents and settings, the engine its turns go to (None: the
-    stack's), the scoring it is judged by, and the councils file version that set them."""
-
-    task: Task  # with the council's default rubric where the task gave none
-    settings: CouncilSettings
-    agents: list[AgentSpec]
-    weights: ScoringWeights
-    judge_max_tokens: int
-    engine: EngineEntry | None
-    file: str | None
-    version: str | None
-
-    def metadata(self) -> dict[str, dg.RawMetadataValue]:
-        """What the UI shows of the council a run used."""
-        return {
-            "council": dg.MetadataValue.json(
-                {
-                    "role": self.task.role.value,
-                    "engine": self.engine.model_dump() if self.engine else "the stack's engine",
-                    "agents": [
-                        {"agent_id": a.agent_id, "temperature": a.temperature, "diversity": a.diversity}
-                        for a in self.agents
-                    ],
-                    "budgets": {kind.value: self.settings.budget(kind) for kind in AGENT_TURN_KINDS},
-                    "execution_feedback": self.settings.feedback_for(self.task.role),
-                    "rubric": self.task.constraints.rubric,
-                    "weights": self.weights.model_dump(),
-                }
-            ),
-            "councils_file": self.file or "none",
-            "councils_file_version": self.version or "none",
-        }
+# Dagster config has no tuples: `stop` is a list in config, CouncilSettings takes it as a tuple.
+_CouncilSettingsFields = derived_model(
+    CouncilSettings,
+    "CouncilSettingsFields",
+    dg.ConfigurableResource,
+    overrides={
+        "stop": (list[str], Field(default_factory=list, description="Stop sequences of every agent turn."))
+    },
+)
 
 
-class CouncilResource(dg.ConfigurableResource):
-    """Sampling of the council's turns, the scoring of final proposals, and the quorum; a councils
-    file, when given, sets them per role."""
+class CouncilResource(_CouncilSettingsFields):
+    """Sampling of the council's turns (the fields of `CouncilSettings`), the scoring of final
+    proposals, and the quorum; a councils file, when given, sets them per role."""
 
-    temperature: float = Field(default=0.7, description="Baseline temperature; diversity agents use x1.3.")
-    propose_max_tokens: int = Field(default=256, description="Token budget of a proposal turn.")
-    critique_max_tokens: int = Field(default=128, description="Token budget of a critique turn.")
-    revise_max_tokens: int = Field(default=256, description="Token budget of a revision turn.")
-    max_tokens: int | None = Field(
-        default=None,
-        description="One limit for proposal, critique and revision turns instead of their budgets "
-        "(FLEET_MAX_TOKENS).",
-    )
-    stop_sequences: list[str] = Field(
-        default_factory=list,
-        description="Stop sequences of every agent turn (the engine ends the reply there).",
-    )
     judge_max_tokens: int = Field(
         default=160,
+        ge=16,
+        le=4_096,
         description="Completion token limit of a judge turn (a JSON verdict, schema-constrained).",
     )
     weights: ScoringWeightsConfig = Field(
@@ -97,11 +62,6 @@ class CouncilResource(dg.ConfigurableResource):
         description="Repository tasks: workspaces, their caps and run limits, where winning patches "
         "are pushed.",
     )
-    execution_feedback: bool | None = Field(
-        default=None,
-        description="Show each author its own code's check results (runs, tests with the first failure, "
-        "lint) before it revises. Default: on for roles that write code (DEV, QA, DEVOPS, DATA).",
-    )
     quorum: int | None = Field(
         default=None,
         description="Agents with a final proposal needed for a decision; default a majority of the council.",
@@ -113,48 +73,30 @@ class CouncilResource(dg.ConfigurableResource):
     )
 
     def council_settings(self) -> CouncilSettings:
-        return CouncilSettings(
-            temperature=self.temperature,
-            propose_max_tokens=self.propose_max_tokens,
-            critique_max_tokens=self.critique_max_tokens,
-            revise_max_tokens=self.revise_max_tokens,
-            max_tokens=self.max_tokens,
-            stop=tuple(self.stop_sequences),
-            execution_feedback=self.execution_feedback,
-        )
+        return CouncilSettings(**{name: getattr(self, name) for name in CouncilSettings.model_fields})
+
+    def councils(self) -> CouncilsFile | None:
+        """The councils file (None without one); raises CouncilsFileError naming every bad field."""
+        return read_councils(self.councils_file) if self.councils_file else None
+
+    def engine_tags(self, role: str) -> dict[str, str]:
+        """The `fleet/engine` run tag of a role the councils file routes to its own engine; none
+        for the stack's engine (the job's tag) or an unreadable file (the run reports it)."""
+        try:
+            councils = self.councils()
+            engine = councils.engine(Role(role.upper())) if councils is not None else None
+        except (CouncilsFileError, ValueError):
+            return {}
+        return {TAG_ENGINE: engine.engine_id()} if engine is not None else {}
 
     def convene(self, task: Task) -> Convened:
         """The council of the task's role: this resource's values, with the councils file's council
-        for the role over them. An invalid file fails the step naming the field."""
-        base = self.council_settings()
-        if not self.councils_file:
-            return Convened(
-                task=task,
-                settings=base,
-                agents=build_council(task.role, task.num_agents, base),
-                weights=self.weights.to_model(),
-                judge_max_tokens=self.judge_max_tokens,
-                engine=None,
-                file=None,
-                version=None,
-            )
-        try:
-            councils = read_councils(self.councils_file)
-        except CouncilsFileError as exc:
-            raise dg.Failure(description=str(exc), allow_retries=False) from exc
-        council = councils.council(task.role)
-        settings = council.settings(base)
-        if council.rubric and not task.constraints.rubric:
-            task = task.model_copy(
-                update={"constraints": task.constraints.model_copy(update={"rubric": council.rubric})}
-            )
-        return Convened(
-            task=task,
-            settings=settings,
-            agents=council.shape(build_council(task.role, task.num_agents, settings)),
-            weights=council.weights,
-            judge_max_tokens=council.judge_max_tokens or self.judge_max_tokens,
-            engine=councils.engine(task.role),
-            file=self.councils_file,
-            version=councils.version,
+        for the role over them. Raises CouncilsFileError for an invalid file."""
+        return convene(
+            task,
+            self.council_settings(),
+            self.weights.to_model(),
+            self.judge_max_tokens,
+            self.councils(),
+            self.councils_file,
         )

@@ -2,8 +2,9 @@
 
 - `DomainIOManager` (`io_manager`): asset values that are domain objects, a pydantic model or a
   list of them, as JSON at `<base_path>/<asset>/<partition>.json` (history/stored.py). The file
-  names its model and the run that stored it, so a reader needs no Dagster to load it (`fleet
-  result` answers from the stored decision this way).
+  names its model (one of ours) and the run that stored it, so a reader needs no Dagster to load
+  it (`fleet result` answers from the stored decision this way); loading checks it against the
+  type the reading asset declares.
 - `ParquetIOManager` (`frames_io_manager`): tables (the evaluation), as Parquet.
 """
 
@@ -19,22 +20,6 @@ from ..domain.models import safe_partition_key
 from ..history.stored import dump_value, load_value
 
 
-def frame_path(base_path: str, asset: str, partition: str) -> UPath:
-    """Where `ParquetIOManager` keeps a table's partition (UPathIOManager's layout)."""
-    return UPath(base_path) / asset / f"{safe_partition_key(partition)}.parquet"
-
-
-def read_frame(base_path: str, asset: str, partition: str) -> Any:
-    """A stored table partition (a DataFrame), or None when there is none."""
-    import pandas as pd
-
-    path = frame_path(base_path, asset, partition)
-    if not path.exists():
-        return None
-    with path.open("rb") as f:
-        return pd.read_parquet(f)
-
-
 class _DomainUPathIOManager(dg.UPathIOManager):
     extension = ".json"
 
@@ -47,7 +32,7 @@ class _DomainUPathIOManager(dg.UPathIOManager):
         path.write_text(text)
 
     def load_from_path(self, context: dg.InputContext, path: UPath) -> Any:
-        return load_value(path.read_text())
+        return load_value(path.read_text(), context.dagster_type.typing_type)
 
     def get_path_for_partition(
         self, context: dg.InputContext | dg.OutputContext, path: UPath, partition: str

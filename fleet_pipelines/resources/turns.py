@@ -15,17 +15,19 @@ Admission and streaming live behind `run_turns`; the assets see the batch, plus,
 progress, `on_chunk` as each turn's text streams and `on_result` as each turn ends.
 """
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from functools import partial
 
 import dagster as dg
 from dagster_ray import RayResource
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from ..domain.councils import EngineEntry
 from ..domain.deliberation import OnChunk, OnResult, TurnRunner
 from ..domain.models import TurnRequest, TurnResult
+from ..llm.settings import EngineSettings
 from .config import EngineConfig
 
 
@@ -101,9 +103,23 @@ class RayTurnRunner(TurnRunnerResource):
     ) -> list[TurnResult]:
         from ..dispatch.ray_dispatch import RayTurnDispatcher
 
-        settings = self.engine.to_model()
-        if engine is not None:  # the council's engine, called like the stack's OpenAI-compatible one
-            settings = self.engine.openai.to_model().model_copy(
-                update={"base_url": engine.base_url, "model": engine.model}
-            )
+        settings = self.engine.to_model() if engine is None else self.role_engine(engine)
         return RayTurnDispatcher(settings, self.dispatch_settings(), deadline, on_chunk, on_result)(requests)
+
+    def role_engine(self, engine: EngineEntry) -> EngineSettings:
+        """The council's own engine: its URL, model, slots and API key; the stack's engine lends
+        only how patiently it is called (timeouts, retries)."""
+        key = os.environ.get(engine.api_key_env) if engine.api_key_env else None
+        if engine.api_key_env and not key:
+            raise dg.Failure(
+                f"engine {engine.base_url}: its API key variable {engine.api_key_env} is not set",
+                allow_retries=False,
+            )
+        return self.engine.openai.to_model().model_copy(
+            update={
+                "base_url": engine.base_url,
+                "model": engine.model,
+                "slots": engine.slots,
+                "api_key": SecretStr(key) if key else None,
+            }
+        )

@@ -11,11 +11,11 @@ from datetime import timedelta
 
 import dagster as dg
 
-from ..assets import DELIBERATION_PARTITIONS
 from ..assets.decision_log import decision_log_job
-from ..assets.deliberation import deliberation_assets
+from ..assets.deliberation import STORED_ASSETS
 from ..history.log import DAY_FORMAT
 from ..history.retention import expire
+from ..names import DELIBERATION_PARTITIONS, RETENTION_JOB
 from ..resources.history import HistoryResource
 from ..settings import FleetSettings
 
@@ -29,7 +29,7 @@ def expire_deliberations(context: dg.OpExecutionContext, history: HistoryResourc
         context.instance,
         history.base_path,
         DELIBERATION_PARTITIONS,
-        [a.key.to_user_string() for a in deliberation_assets],
+        STORED_ASSETS,
         history.max_age_seconds,
     )
     context.log.info(report.summary())
@@ -48,7 +48,7 @@ def expire_deliberations(context: dg.OpExecutionContext, history: HistoryResourc
     )
 
 
-@dg.job(executor_def=dg.in_process_executor)
+@dg.job(name=RETENTION_JOB, executor_def=dg.in_process_executor)
 def retention_job():
     """Removes deliberations older than the retention age (once in the decision log)."""
     expire_deliberations()

@@ -1,10 +1,12 @@
-"""Sensors: approved plans start deliberations; failed deliberation runs publish their outcome."""
+"""Sensors: approved plans start deliberations; failed deliberation runs publish their outcome;
+events kept while NATS was unreachable are sent when it is back."""
 
 from __future__ import annotations
 
 import dagster as dg
 
 from ..settings import FleetSettings
+from .outbox import build_outbox_sensor
 from .planning import build_planning_sensor
 from .run_failure import build_run_failure_sensor
 
@@ -22,4 +24,5 @@ def build_event_sensors(
             wait_s=settings.planning_wait_s,
         ),
         build_run_failure_sensor(job),
+        build_outbox_sensor(),
     ]

@@ -27,6 +27,7 @@ from ..assets.deliberation import deliberation_partitions, deliberation_run_conf
 from ..events.planning import InvalidEvent, PlannedDeliberation, plan_deliberations
 from ..events.redrive import publish_dead_letter
 from ..events.streams import PLAN_APPROVED, NatsError, StreamPosition
+from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
 
 if TYPE_CHECKING:
@@ -151,15 +152,17 @@ async def _read(session: NatsSession, drained: Drained, max_events: int, deadlin
         drained.cursor = Cursor(seq=message.seq, stream=stream, created=created)
 
 
-def run_requests(planned: list[PlannedDeliberation]) -> list[dg.RunRequest]:
-    """One request per run key, even within a tick. (The job's own run tags add the engine's.)"""
+def run_requests(planned: list[PlannedDeliberation], council: CouncilResource) -> list[dg.RunRequest]:
+    """One request per run key, even within a tick. A role the councils file routes to its own
+    engine carries that engine's tag (the run queue limits runs per engine); the others get the
+    job's (the stack's engine)."""
     unique = {p.run_key: p for p in planned}
     return [
         dg.RunRequest(
             run_key=p.run_key,
             partition_key=p.task_id,
             run_config=deliberation_run_config(p.task_config),
-            tags=p.run_tags(),
+            tags={**p.run_tags(), **council.engine_tags(p.role)},
         )
         for p in unique.values()
     ]
@@ -179,7 +182,7 @@ def build_planning_sensor(
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Starts a deliberation per task of each {PLAN_APPROVED} event (cursor = stream seq).",
     )
-    def planning_sensor(context: dg.SensorEvaluationContext, nats: NatsResource):
+    def planning_sensor(context: dg.SensorEvaluationContext, nats: NatsResource, council: CouncilResource):
         cursor = Cursor.parse(context.cursor)
         at = cursor.seq if cursor else 0
         try:
@@ -202,7 +205,7 @@ def build_planning_sensor(
             context.log.warning(f"stopped after seq {drained.cursor.seq}: {drained.error}")
         if drained.cursor == cursor:
             return dg.SkipReason(drained.error or f"no {PLAN_APPROVED} after seq {at}")
-        requests = run_requests(drained.planned)
+        requests = run_requests(drained.planned, council)
         partitions = list(dict.fromkeys(r.partition_key for r in requests))
         if requests:
             skip = None

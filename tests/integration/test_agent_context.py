@@ -15,12 +15,13 @@ from fleet_pipelines.assets.story import STORY_DECISIONS, story_context
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import review_rounds
-from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, TurnResult, TurnStatus
+from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, TurnResult
 from fleet_pipelines.llm.engine import EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME
 from fleet_pipelines.resources.turns import RayTurnRunner
 from fleet_pipelines.scoring.checks import execution_checks
 from fleet_pipelines.scoring.sandbox import SandboxLimits
+from tests.factories import turn
 from tests.scripted import record, recorded
 
 pytestmark = pytest.mark.integration
@@ -43,16 +44,7 @@ def test_an_authors_revision_prompt_carries_its_failing_test(llm_server, ray_hea
     settings = CouncilSettings(max_tokens=64)
     council = build_council(task.role, task.num_agents, settings)
     proposals = [  # round 0 as given; the engine writes the critiques and revisions
-        TurnResult(
-            task_id=task.task_id,
-            agent_id=agent.agent_id,
-            role=task.role,
-            kind=TurnKind.PROPOSE,
-            round=0,
-            status=TurnStatus.COMPLETED,
-            content=WRONG_ADD,
-        )
-        for agent in council
+        turn(agent.agent_id, WRONG_ADD, task_id=task.task_id, role=task.role) for agent in council
     ]
     engine = RayTurnDispatcher(
         EngineSettings(base_url=llm_server, model=MODEL_NAME), DispatchSettings(), deadline=time.time() + 240
@@ -173,7 +165,7 @@ def test_a_councils_file_routes_each_roles_turns_to_its_engine(
             assert result.success
             assert all(p.ok for p in result.output_for_node("proposals")), role
             counts.append({name: _launched(logs[name] / "model-server.log") for name in servers})
-            [meta] = result.asset_materializations_for_node("proposals")
+            [meta] = result.asset_materializations_for_node("council")
             assert meta.metadata["councils_file_version"].value == "two-engines-1"
         dev, qa = counts
         assert dev["coder"] >= 2 and dev["tester"] == 0  # DEV's proposals (and judge turns) on coder

@@ -15,6 +15,7 @@ from fleet_pipelines import stack
 from fleet_pipelines.events.models import EventEnvelope
 from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_REJECTED, PLANNING_STREAM, NatsError
 from fleet_pipelines.resources.events import NatsResource
+from tests.factories import plan, plan_envelope
 from tests.integration.test_sensor_planning import seq, tick
 
 pytestmark = pytest.mark.integration
@@ -26,18 +27,8 @@ RESTART_AT = 400
 def event(i: int) -> EventEnvelope:
     """Every tenth event is invalid (a role no council has)."""
     role = "CHEF" if i % 10 == 9 else ["DEV", "QA", "ARCHITECT", "DEVOPS", "DATA"][i % 5]
-    return EventEnvelope(
-        event_type=PLAN_APPROVED,
-        idempotency_key=f"bf-{i}",
-        correlation_id=f"bf-{i}",
-        payload={
-            "story_id": f"US-{i}",
-            "plan_id": f"P-{i}",
-            "approved_by": "po",
-            "approved_at": "2026-11-25T10:00:00Z",
-            "tasks": [{"task_id": f"bf-task-{i}", "description": f"Task {i}", "role": role}],
-        },
-    )
+    task = {"task_id": f"bf-task-{i}", "description": f"Task {i}", "role": role}
+    return plan_envelope(f"bf-{i}", plan(f"US-{i}", f"P-{i}", roles=None, tasks=[task]))
 
 
 def test_nats_restart_mid_stream_loses_and_duplicates_nothing(dagster_instance, tmp_path: Path):

@@ -18,10 +18,9 @@ import pytest
 from dagster._core.scheduler.instigation import TickStatus
 
 from fleet_pipelines import stack
-from fleet_pipelines.events.models import EventEnvelope
-from fleet_pipelines.events.streams import PLAN_APPROVED
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.sensors.planning import PLANNING_SENSOR
+from tests import factories
 from tests.integration.test_sensor_planning import publish_raw
 
 pytestmark = pytest.mark.integration
@@ -29,22 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def plan(i: int) -> bytes:
-    return (
-        EventEnvelope(
-            event_type=PLAN_APPROVED,
-            idempotency_key=f"dr-{i}",
-            correlation_id=f"dr-{i}",
-            payload={
-                "story_id": f"US-{i}",
-                "plan_id": f"P-{i}",
-                "approved_by": "po",
-                "approved_at": "2026-11-25T10:00:00Z",
-                "roles": ["DEV"],
-            },
-        )
-        .model_dump_json()
-        .encode()
-    )
+    return factories.plan_envelope(f"dr-{i}", factories.plan(f"US-{i}", f"P-{i}")).model_dump_json().encode()
 
 
 def run_keys(instance: dg.DagsterInstance) -> list[str]:

@@ -15,7 +15,8 @@ from fleet_pipelines.events.planning import single_task_plan
 from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_REJECTED, PLANNING_STREAM
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.sensors.planning import Cursor, drain
-from tests.integration.test_sensor_planning import publish_raw, read_subject, seq, tick
+from tests.factories import read_subject
+from tests.integration.test_sensor_planning import publish_raw, seq, tick
 from tests.unit.test_events import LEGACY
 
 pytestmark = pytest.mark.integration

@@ -13,11 +13,12 @@ import pytest
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
 from fleet_pipelines import stack
-from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnResult, TurnStatus
+from fleet_pipelines.domain.models import Role, Task, TurnKind
 from fleet_pipelines.events.outbound import agent_response_events, collector_event
 from fleet_pipelines.events.streams import PLANNING_REJECTED
 from fleet_pipelines.resources.events import NatsResource
-from tests.integration.test_sensor_planning import publish_raw, read_subject, seq, tick
+from tests.factories import read_subject, turn
+from tests.integration.test_sensor_planning import publish_raw, seq, tick
 from tests.unit.test_events import LEGACY
 
 pytestmark = pytest.mark.integration
@@ -106,15 +107,7 @@ def test_init_sensor_and_publishers_work_beside_the_old_streams_and_leave_them_u
     # Our per-turn events, agent.results and the collector's summary land in the old streams
     # (and ours for reviews and collector results), each acked.
     task = Task(task_id="old-1", description="d", role=Role.DEV, num_agents=1, rounds=1)
-    proposal = TurnResult(
-        task_id="old-1",
-        agent_id="agent-dev-001",
-        role=Role.DEV,
-        kind=TurnKind.PROPOSE,
-        round=0,
-        status=TurnStatus.COMPLETED,
-        content="def add(a, b): return a + b",
-    )
+    proposal = turn(content="def add(a, b): return a + b", task_id="old-1")
     critique = proposal.model_copy(update={"kind": TurnKind.CRITIQUE, "round": 1})
     events = [
         *agent_response_events(task, [proposal, critique], "run-1"),

@@ -14,17 +14,12 @@ import pytest
 from fleet_pipelines.events.models import EventEnvelope
 from fleet_pipelines.events.streams import PLANNING_REJECTED
 from fleet_pipelines.resources.events import NatsResource
+from tests.factories import plan
 from tests.integration.test_sensor_planning import publish_raw, tick
 
 pytestmark = pytest.mark.integration
 
-BAD = {
-    "story_id": "US-9",
-    "plan_id": "P-9",
-    "approved_by": "po",
-    "roles": ["CHEF"],
-    "approved_at": "2026-11-25",
-}
+BAD = plan("US-9", "P-9", roles=["CHEF"], approved_at="2026-11-25")
 
 
 def fleet(nats: NatsResource, *args: str) -> subprocess.CompletedProcess:

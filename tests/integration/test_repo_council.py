@@ -23,7 +23,7 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from fleet_pipelines.assets import DELIBERATION_JOB
+from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.assets.deliberation import (
     build_deliberation_job,
     deliberation_assets,
@@ -121,7 +121,9 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
             instance=instance,
             partition_key=task_id,
         )
+        events = instance.get_latest_materialization_event(dg.AssetKey("decision_events"))
     assert result.success
+    assert events.asset_materialization.metadata["pushed_branch"].value == f"fleet/{task_id}"
 
     workspace: Workspace = read_stored(str(storage), "workspace", task_id)
     head = subprocess.run(["git", "-C", str(source), "rev-parse", "main"], capture_output=True, text=True)
@@ -166,7 +168,6 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
     assert decision.winner_id == "agent-dev-003"
     assert decision.winner_patch == CASE.fix
     assert decision.base_commit == workspace.commit
-    assert decision.pushed_branch == f"fleet/{task_id}", decision.reasons
     pushed = remote_branch_commit(str(remote), task_id)
     assert pushed is not None
     calc = subprocess.run(

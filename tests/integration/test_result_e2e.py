@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -17,8 +16,9 @@ import pytest
 from fleet_pipelines.cli import REPO_ROOT
 from fleet_pipelines.definitions import defs
 from fleet_pipelines.events.streams import AGENT_RESPONSE_COMPLETED, DELIBERATION_COMPLETED
-from fleet_pipelines.resources.events import NatsResource
+from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.sensors.planning import PLANNING_SENSOR
+from tests.factories import read_subject
 
 pytestmark = pytest.mark.integration
 
@@ -31,16 +31,6 @@ def fleet(env: dict, *args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=300,
     )
-
-
-def read_subject(nats: NatsResource, stream: str, subject: str) -> list[dict]:
-    async def work(session) -> list[dict]:
-        return [
-            json.loads(m.data)
-            async for m in session.read_after(stream, subject, 0, 100, time.monotonic() + 5)
-        ]
-
-    return nats.session(work)
 
 
 def test_deliberate_sensor_run_event_and_result(
@@ -73,7 +63,9 @@ def test_deliberate_sensor_run_event_and_result(
 
     instance = dg.DagsterInstance.from_config(str(home))
     context = dg.build_sensor_context(
-        instance_ref=instance.get_ref(), definitions=defs, resources={"nats": nats_resource}
+        instance_ref=instance.get_ref(),
+        definitions=defs,
+        resources={"nats": nats_resource, "council": CouncilResource()},
     )
     tick = defs.get_sensor_def(PLANNING_SENSOR).evaluate_tick(context)
     [request] = tick.run_requests

@@ -17,13 +17,13 @@ import pytest
 
 from fleet_pipelines.assets.decision_log import decision_log
 from fleet_pipelines.assets.deliberation import (
-    deliberation_assets,
+    STORED_ASSETS,
     deliberation_partitions,
     deliberation_run_config,
 )
 from fleet_pipelines.cli import REPO_ROOT
 from fleet_pipelines.definitions import defs
-from fleet_pipelines.history.log import DECISION, day_of
+from fleet_pipelines.history.log import DECISION_KEY, day_of
 from fleet_pipelines.resources.history import HistoryResource
 from fleet_pipelines.schedules.retention import retention_job
 
@@ -84,7 +84,7 @@ def test_retention_removes_logged_deliberations_and_result_still_answers(stack_e
     with dg.DagsterInstance.from_config(str(home)) as instance:
         first = deliberate(instance, stack_env, "ret-add-1")
         decided = first.output_for_node("decision")
-        day = day_of(instance.get_latest_materialization_event(DECISION).timestamp)
+        day = day_of(instance.get_latest_materialization_event(DECISION_KEY).timestamp)
         logged = build_log(instance, stack_env, day).output_for_node("decision_log")
         row = logged[logged["task_id"] == "ret-add-1"].iloc[0]
         assert row["run_id"] == first.run_id and row["status"] == decided.status.value
@@ -97,11 +97,11 @@ def test_retention_removes_logged_deliberations_and_result_still_answers(stack_e
 
         report = expire(instance, stack_env)
         assert report["removed"] == 1 and report["not_logged"] == 1
-        assert report["files_removed"] == len(deliberation_assets)
+        assert report["files_removed"] == len(STORED_ASSETS)
         assert not instance.has_dynamic_partition(deliberation_partitions.name, "ret-add-1")
         assert instance.has_dynamic_partition(deliberation_partitions.name, "ret-add-2")
         assert not list(storage.glob("*/ret-add-1.json"))
-        assert len(list(storage.glob("*/ret-add-2.json"))) == len(deliberation_assets)
+        assert len(list(storage.glob("*/ret-add-2.json"))) == len(STORED_ASSETS)
 
         old = fleet_result(home, "ret-add-1")
         assert old["source"] == "decision_log" and old["status"] == decided.status.value
@@ -111,7 +111,7 @@ def test_retention_removes_logged_deliberations_and_result_still_answers(stack_e
         live = fleet_result(home, "ret-add-2")
         assert live["source"] == "live" and live["run_id"] == second.run_id
 
-        day2 = day_of(instance.get_latest_materialization_event(DECISION).timestamp)
+        day2 = day_of(instance.get_latest_materialization_event(DECISION_KEY).timestamp)
         build_log(instance, stack_env, day2)
         report = expire(instance, stack_env)
         assert report["removed"] == 1 and report["not_logged"] == 0

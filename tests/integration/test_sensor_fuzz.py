@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from fleet_pipelines.events.bus import connect
 from fleet_pipelines.events.planning import MAX_MESSAGE_BYTES
 from fleet_pipelines.events.streams import PLAN_APPROVED
+from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.sensors.planning import Cursor, drain, run_requests
 from tests.unit.test_planning_fuzz import enveloped, legacy, raw_bodies
 
@@ -99,7 +100,9 @@ def test_no_generated_message_lets_an_exception_out_of_the_sensor(session):
         planned = sorted({p.stream_seq for p in drained.planned})
         assert sorted(rejected + planned) == seqs
         assert all(reason.strip() for _, reason in drained.rejected)
-        run_requests(drained.planned)  # what the sensor hands to Dagster builds for every plan
+        run_requests(
+            drained.planned, CouncilResource()
+        )  # what the sensor hands to Dagster builds for every plan
         state["cursor"] = drained.cursor
 
     @settings(

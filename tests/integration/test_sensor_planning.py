@@ -20,10 +20,13 @@ from fleet_pipelines.events.streams import (
     PLANNING_REJECTED,
     PLANNING_STREAM,
 )
+from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
+from fleet_pipelines.resources.history import HistoryResource
 from fleet_pipelines.sensors import planning as planning_module
 from fleet_pipelines.sensors.planning import PLANNING_SENSOR, Cursor
 from fleet_pipelines.sensors.run_failure import RUN_FAILURE_SENSOR
+from tests.factories import read_subject
 from tests.unit.test_events import ENVELOPED, LEGACY
 
 pytestmark = pytest.mark.integration
@@ -41,16 +44,6 @@ def publish_raw(nats: NatsResource, data: bytes, msg_id: str | None = None) -> i
     return nats.session(work)
 
 
-def read_subject(nats: NatsResource, stream: str, subject: str) -> list[dict]:
-    async def work(session) -> list[dict]:
-        return [
-            json.loads(m.data)
-            async for m in session.read_after(stream, subject, 0, 100, time.monotonic() + 5)
-        ]
-
-    return nats.session(work)
-
-
 def seq(cursor: str | None) -> int | None:
     """The stream sequence a sensor cursor stands at."""
     parsed = Cursor.parse(cursor)
@@ -60,7 +53,10 @@ def seq(cursor: str | None) -> int | None:
 def tick(instance: dg.DagsterInstance, nats: NatsResource, cursor: str | None):
     """One sensor evaluation as the daemon runs it; returns (run requests, new cursor, skip, data)."""
     context = dg.build_sensor_context(
-        instance_ref=instance.get_ref(), cursor=cursor, definitions=defs, resources={"nats": nats}
+        instance_ref=instance.get_ref(),
+        cursor=cursor,
+        definitions=defs,
+        resources={"nats": nats, "council": CouncilResource()},
     )
     data = SENSOR.evaluate_tick(context)
     return data.run_requests or [], data.cursor, data.skip_message, data
@@ -201,7 +197,7 @@ def test_server_stopped_between_ticks_skips_then_resumes_with_nothing_lost(dagst
         server.stop()
 
 
-def test_run_failure_sensor_publishes_deliberation_failed(dagster_instance, nats_resource):
+def test_run_failure_sensor_publishes_deliberation_failed(dagster_instance, nats_resource, tmp_path: Path):
     task_id = "crash-1"
     dagster_instance.add_dynamic_partitions("deliberations", [task_id])
     # A real run of the job that crashes in its first step (invalid role): no decision is made.
@@ -223,7 +219,10 @@ def test_run_failure_sensor_publishes_deliberation_failed(dagster_instance, nats
         dagster_instance=dagster_instance,
         dagster_run=run,
         dagster_event=failure,
-        resources={"nats": nats_resource},
+        resources={
+            "nats": nats_resource,
+            "history": HistoryResource(base_path=str(tmp_path), max_age_seconds=60),
+        },
     ).for_run_failure()
     sensor(context)
 

@@ -10,7 +10,6 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from fleet_pipelines.assets import DELIBERATION_JOB
 from fleet_pipelines.assets.deliberation import (
     build_deliberation_job,
     deliberation_assets,
@@ -20,9 +19,13 @@ from fleet_pipelines.assets.partitions import deliberation_partitions
 from fleet_pipelines.cli import fleet
 from fleet_pipelines.domain.councils import CouncilsFileError, parse_councils
 from fleet_pipelines.domain.models import Role, Task, TurnKind
+from fleet_pipelines.names import DELIBERATION_JOB
+from fleet_pipelines.resources.config import EngineConfig, OpenAIEngineConfig, ScoringWeightsConfig
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.io import DomainIOManager
+from fleet_pipelines.resources.ray_cluster import RayCluster
+from fleet_pipelines.resources.turns import RayTurnRunner
 from tests.scripted import ScriptedTurnRunner, recorded
 
 COUNCILS = """\
@@ -77,13 +80,19 @@ def test_fleet_councils_list_show_validate(tmp_path: Path):
     assert listed.exit_code == 0, listed.output
     assert "version 2026-11-26.1" in listed.output
     assert (
-        "DEV        engine coder (coder-model at http://127.0.0.1:9101/v1); agents [0.1, 1.1*]"
+        "DEV        engine coder (coder-model at http://127.0.0.1:9101/v1); agents [0.1, 1.1*, 0.1]"
         in listed.output
     )
     shown = CliRunner().invoke(fleet, ["councils", "show", "qa"], env={"FLEET_COUNCILS_FILE": str(good)})
     assert shown.exit_code == 0, shown.output
     qa = json.loads(shown.output)
-    assert qa["engine"] == {"name": "tester", "base_url": "http://127.0.0.1:9102", "model": "tester-model"}
+    assert qa["engine"] == {
+        "name": "tester",
+        "base_url": "http://127.0.0.1:9102",
+        "model": "tester-model",
+        "slots": None,
+        "api_key_env": None,
+    }
     assert qa["weights"]["tests"] == 0.35  # defaults filled in
     valid = CliRunner().invoke(fleet, ["councils", "validate", "--file", str(good)])
     assert valid.exit_code == 0 and "valid, version 2026-11-26.1, 2 council(s), 2 engine(s)" in valid.output
@@ -130,7 +139,7 @@ def test_a_run_takes_its_council_from_the_file_and_shows_it(tmp_path: Path, nats
     assert "Evaluation rubric: Pure functions only." in proposals[0].messages[0].content
     assert all("checks ran" not in r.messages[-1].content for r in requests if r.kind is TurnKind.REVISE)
     assert {t.model for t in result.output_for_node("proposals")} == {"coder-model"}  # the DEV engine
-    [meta] = result.asset_materializations_for_node("proposals")
+    [meta] = result.asset_materializations_for_node("council")
     assert meta.metadata["councils_file_version"].value == "2026-11-26.1"
     council = meta.metadata["council"].value
     assert council["engine"]["model"] == "coder-model" and council["weights"]["tests"] == 0.9
@@ -153,3 +162,135 @@ def test_without_a_file_the_council_is_the_resources():
     convened = CouncilResource(temperature=0.5).convene(task)
     assert [a.temperature for a in convened.agents] == [0.5, 0.65]
     assert convened.engine is None and convened.version is None and convened.task == task
+
+
+def test_a_role_the_file_does_not_name_keeps_every_configured_value(tmp_path: Path):
+    path = tmp_path / "councils.yaml"
+    path.write_text(COUNCILS)
+    configured = CouncilResource(
+        temperature=0.5,
+        judge_max_tokens=99,
+        weights=ScoringWeightsConfig(tests=0.9, lint=0.3),
+        councils_file=str(path),
+    )
+    architect = configured.convene(Task(task_id="t", description="d", role=Role.ARCHITECT, num_agents=2))
+    assert architect.weights.tests == 0.9 and architect.weights.lint == 0.3  # was 0.35 and 0.10
+    assert architect.judge_max_tokens == 99 and [a.temperature for a in architect.agents] == [0.5, 0.65]
+    # A role the file names: its values over the configured ones, the rest configured.
+    dev = configured.convene(Task(task_id="t", description="d", role=Role.DEV))
+    assert dev.weights.tests == 0.9 and dev.weights.sections == 0 and dev.weights.lint == 0.3
+    assert dev.judge_max_tokens == 64
+
+
+def test_councils_list_and_show_work_without_a_file_and_say_where_values_come_from(tmp_path: Path):
+    env = {"FLEET_COUNCILS_FILE": "", "FLEET_MAX_TOKENS": "96"}
+    listed = CliRunner().invoke(fleet, ["councils", "list"], env=env)
+    assert listed.exit_code == 0, listed.output
+    assert "no councils file (FLEET_COUNCILS_FILE): the built-in councils" in listed.output
+    assert [line.split()[0] for line in listed.output.splitlines()[1::2]] == [r.value for r in Role]
+    assert "budgets propose 96, critique 96, revise 96" in listed.output  # FLEET_MAX_TOKENS
+    shown = json.loads(CliRunner().invoke(fleet, ["councils", "show", "devops"], env=env).output)
+    assert shown["file"] is None and shown["engine"] == "the stack's engine"
+    assert [a["agent_id"] for a in shown["agents"]] == [f"agent-devops-00{i}" for i in (1, 2, 3)]
+    assert shown["sources"]["council resource"] == "the rest (FLEET_MAX_TOKENS and the built-in defaults)"
+
+    path = tmp_path / "councils.yaml"
+    path.write_text(COUNCILS)
+    listed = CliRunner().invoke(fleet, ["councils", "list", "--file", str(path)], env=env)
+    [dev_sources] = [line for line in listed.output.splitlines() if "councils file: agents" in line]
+    assert "budgets.critique, budgets.propose, engine, execution_feedback" in dev_sources
+    assert "weights.sections, weights.tests" in dev_sources
+    assert listed.output.count("councils file: nothing") == 3  # ARCHITECT, DEVOPS, DATA
+    # show prints the council that would run: the file's profiles cycled over the default size.
+    dev = json.loads(
+        CliRunner().invoke(fleet, ["councils", "show", "dev", "--file", str(path)], env=env).output
+    )
+    assert [a["temperature"] for a in dev["agents"]] == [0.1, 1.1, 0.1]
+    # The file's budgets replace FLEET_MAX_TOKENS for the role; revise keeps the resource's budget.
+    assert (
+        dev["budgets"] == {"propose": 200, "critique": 100, "revise": 256} and dev["judge_max_tokens"] == 64
+    )
+
+
+ENGINES = """\
+version: e1
+engines:
+  big: {base_url: "http://10.0.0.7:8000/v1", model: big-model, slots: 16, api_key_env: BIG_ENGINE_KEY}
+councils:
+  ARCHITECT: {engine: big}
+"""
+
+
+def test_a_role_engine_has_its_own_slots_key_and_run_queue_tag(tmp_path: Path, monkeypatch):
+    path = tmp_path / "councils.yaml"
+    path.write_text(ENGINES)
+    council = CouncilResource(councils_file=str(path))
+    convened = council.convene(Task(task_id="t", description="d", role=Role.ARCHITECT))
+    monkeypatch.setenv("BIG_ENGINE_KEY", "sk-big")
+    stack = RayTurnRunner(
+        engine=EngineConfig(
+            openai=OpenAIEngineConfig(base_url="http://127.0.0.1:8080/v1", model="m", slots=2)
+        ),
+        ray_cluster=RayCluster(),
+    )
+    settings = stack.role_engine(convened.engine)
+    assert (settings.base_url, settings.model, settings.slots) == ("http://10.0.0.7:8000/v1", "big-model", 16)
+    assert settings.api_key.get_secret_value() == "sk-big"
+    # The run queue limits runs per engine by this tag: a run request's tags win over the job's
+    # (dagster 1.13.27, _daemon/sensor.py `_get_or_create_sensor_run`: {**job run tags, **request tags}).
+    assert council.engine_tags("ARCHITECT") == {"fleet/engine": "10.0.0.7:8000"}
+    assert council.engine_tags("DEV") == {}  # the stack's engine: the job's tag
+    monkeypatch.delenv("BIG_ENGINE_KEY")
+    with pytest.raises(dg.Failure, match="BIG_ENGINE_KEY is not set"):
+        stack.role_engine(convened.engine)
+
+
+class RewritingRunner(ScriptedTurnRunner):
+    """Rewrites the councils file while the proposals are written (an operator editing it mid-run)."""
+
+    councils_file: str = ""
+    rewritten: str = ""
+
+    def run_turns(self, requests, deadline, engine=None, on_chunk=None, on_result=None):
+        Path(self.councils_file).write_text(self.rewritten)
+        return super().run_turns(requests, deadline, engine, on_chunk, on_result)
+
+
+def test_the_council_is_convened_once_per_run_and_a_file_changed_mid_run_does_not_change_it(
+    tmp_path: Path, nats_server: str
+):
+    path, log = tmp_path / "councils.yaml", tmp_path / "requests.jsonl"
+    path.write_text(COUNCILS)
+    runner = RewritingRunner(
+        code="def f(x):\n    return x",
+        record_to=str(log),
+        councils_file=str(path),
+        rewritten=COUNCILS.replace("judge_max_tokens: 64", "judge_max_tokens: 32").replace(
+            "2026-11-26.1", "v2"
+        ),
+    )
+    defs = dg.Definitions(
+        assets=deliberation_assets,
+        jobs=[build_deliberation_job()],
+        resources={
+            "turn_runner": runner,
+            "council": CouncilResource(councils_file=str(path)),
+            "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
+            "nats": NatsResource(url=nats_server),
+        },
+    )
+    fields = {"description": "Write f(x).", "role": "DEV", "num_agents": 2, "rounds": 0}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(deliberation_partitions.name, ["once-1"])
+        result = defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
+            run_config=deliberation_run_config(fields), instance=instance, partition_key="once-1"
+        )
+    assert result.success and path.read_text().count("judge_max_tokens: 32") == 1  # rewritten mid-run
+    judged = [r for r in recorded(log) if r.kind is TurnKind.JUDGE]
+    assert judged and all(r.max_tokens == 64 for r in judged)  # the council of the run's start
+    [council] = result.asset_materializations_for_node("council")
+    assert council.metadata["councils_file_version"].value == "2026-11-26.1"
+    # Every step after it reads the `council` asset: lineage shows which council decided.
+    graph = defs.resolve_asset_graph()
+    readers = {key.to_user_string() for key in graph.get(dg.AssetKey("council")).child_keys}
+    assert readers == {"proposals", "reviews", "scores", "decision", "decision_events"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.decision import decide
 from fleet_pipelines.domain.models import DeliberationStatus, Role, TurnKind, TurnResult, TurnStatus
+from tests import factories
 
 AGENTS = build_council(Role.DEV, 3, CouncilSettings())
 IDS = [a.agent_id for a in AGENTS]
@@ -12,9 +13,7 @@ IDS = [a.agent_id for a in AGENTS]
 
 def turn(agent_id: str, status: TurnStatus, kind: TurnKind = TurnKind.PROPOSE, round_: int = 0) -> TurnResult:
     content = "proposal" if status is TurnStatus.COMPLETED else ""
-    return TurnResult(
-        task_id="t", agent_id=agent_id, role=Role.DEV, kind=kind, round=round_, status=status, content=content
-    )
+    return factories.turn(agent_id, content, kind=kind, round=round_, status=status)
 
 
 def run(statuses: list[TurnStatus], revisions: list[TurnStatus] = (), quorum: int | None = None):

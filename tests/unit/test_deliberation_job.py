@@ -8,52 +8,79 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
+from click.testing import CliRunner
 
-from fleet_pipelines.assets import DELIBERATION_JOB
+from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import (
     build_deliberation_job,
     deliberation_assets,
     deliberation_partitions,
     deliberation_run_config,
 )
+from fleet_pipelines.cli import fleet
 from fleet_pipelines.domain.decision import Decision
 from fleet_pipelines.domain.models import DeliberationStatus, TurnKind, TurnResult
 from fleet_pipelines.domain.scoring import ProposalScore
+from fleet_pipelines.events.outbound import turn_key
 from fleet_pipelines.events.planning import InvalidEvent, StreamMessage, plan_deliberations
-from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM
+from fleet_pipelines.events.streams import DELIBERATION_FAILED, PLAN_APPROVED, PLANNING_STREAM, STREAMS
 from fleet_pipelines.history.stored import dump_value, read_stored, stored_path
 from fleet_pipelines.history.task_result import stored_result
+from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
+from fleet_pipelines.resources.history import HistoryResource
 from fleet_pipelines.resources.io import DomainIOManager
+from fleet_pipelines.sensors.outbox import build_outbox_sensor
+from fleet_pipelines.sensors.run_failure import build_run_failure_sensor
+from tests.factories import read_subject
 from tests.scripted import ScriptedTurnRunner
 
 ADD = "def add(a, b):\n    return a + b"
 
 
-def run_job(tmp_path: Path, nats_url: str, task_id: str, task_fields: dict, runner: ScriptedTurnRunner):
+def run_job(
+    tmp_path: Path,
+    nats: str | NatsResource,
+    task_id: str,
+    task_fields: dict,
+    runner: ScriptedTurnRunner,
+    instance: dg.DagsterInstance | None = None,
+    raise_on_error: bool = True,
+):
+    """One deliberation_job run (in its own test instance unless `instance` is given)."""
+    storage = str(tmp_path / "storage")
     defs = dg.Definitions(
         assets=deliberation_assets,
         jobs=[build_deliberation_job()],
         resources={
             "turn_runner": runner,
             "council": CouncilResource(),
-            "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
-            "nats": NatsResource(url=nats_url),
+            "io_manager": DomainIOManager(base_path=storage),
+            "nats": nats
+            if isinstance(nats, NatsResource)
+            else NatsResource(url=nats, outbox_path=f"{storage}/outbox"),
         },
     )
-    (tmp_path / "home").mkdir(parents=True)
-    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+    if instance is not None:
         instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
         return defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
-            run_config=deliberation_run_config(task_fields), instance=instance, partition_key=task_id
+            run_config=deliberation_run_config(task_fields),
+            instance=instance,
+            partition_key=task_id,
+            raise_on_error=raise_on_error,
         )
+    (tmp_path / "home").mkdir(parents=True)
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        return run_job(tmp_path, nats, task_id, task_fields, runner, instance, raise_on_error)
 
 
 def test_the_job_passes_domain_objects_from_task_to_decision(tmp_path: Path, nats_server: str):
@@ -184,3 +211,140 @@ def test_every_run_of_the_registered_job_carries_its_engine_tag():
     job = defs.resolve_job_def(DELIBERATION_JOB)
     # Both: the daemon tags sensor runs with the job's run tags, GraphQL launches with its tags.
     assert job.run_tags["fleet/engine"] == job.tags["fleet/engine"] == settings.engine_id()
+
+
+def stream_messages(nats: NatsResource) -> dict[str, list[str]]:
+    """The message ids in each of our streams."""
+
+    async def work(session) -> dict[str, list[str]]:
+        found = {}
+        for spec in STREAMS:
+            deadline = time.monotonic() + 5
+            found[spec.name] = [
+                m.msg_id async for m in session.read_after(spec.name, ">", 0, 10_000, deadline)
+            ]
+        return found
+
+    return nats.session(work)
+
+
+def test_a_nats_outage_never_fails_a_run_and_its_events_arrive_once_when_nats_is_back(tmp_path: Path):
+    port, storage = stack.free_port(), tmp_path / "storage"
+    url = f"nats://127.0.0.1:{port}"  # nothing listens there yet: NATS is down before the run
+    nats = NatsResource(url=url, outbox_path=str(storage / "outbox"), connect_timeout_s=0.5)
+    fields = {
+        "description": "Write add(a, b).",
+        "role": "DEV",
+        "num_agents": 2,
+        "rounds": 1,
+        "story_id": "S-1",
+    }
+    with dg.instance_for_test() as instance:
+        result = run_job(tmp_path, nats, "down-1", fields, ScriptedTurnRunner(code=ADD), instance)
+        assert result.success
+        assert result.output_for_node("decision").status is DeliberationStatus.COMPLETED
+        [told] = [
+            m
+            for m in result.asset_materializations_for_node("decision_events")
+            if m.asset_key == dg.AssetKey("decision_events")
+        ]
+        kept = nats.outbox().pending(result.run_id)
+        assert kept > 0 and told.metadata["events_pending"].value == kept
+        assert "events pending: NATS unreachable" in told.metadata["events"].value
+        shown = CliRunner().invoke(
+            fleet, ["result", "down-1"], env={"FLEET_STORAGE_PATH": str(storage), "NATS_URL": url}
+        )
+        assert f"{kept} events pending" in shown.output, shown.output
+
+        sensor = build_outbox_sensor()
+        context = dg.build_sensor_context(instance=instance, resources={"nats": nats})
+        assert "NATS" in sensor(context).skip_message  # still down: kept, nothing lost
+        assert nats.outbox().pending(result.run_id) == kept
+
+        backup = tmp_path / "outbox-copy"
+        shutil.copytree(storage / "outbox", backup)
+        server = stack.start_nats(tmp_path / "logs", port, tmp_path / "nats-store")
+        try:
+            said = sensor(dg.build_sensor_context(instance=instance, resources={"nats": nats})).skip_message
+            assert f"sent {kept} kept events of 1 runs (0 already in the stream); 0 pending" in said
+            ids = [i for messages in stream_messages(nats).values() for i in messages]
+            assert len(ids) == len(set(ids)) == kept  # every event, once
+            assert f"deliberation.outcome:{result.run_id}" in ids
+            assert any(i.startswith("agent.response:") for i in ids)
+            assert any(i.startswith("vllm.streaming:") for i in ids)  # live progress too
+            assert nats.outbox().pending() == 0
+            # A sender that died after the acks but before removing its batches sends them again:
+            # JetStream drops the copies by their message ids.
+            shutil.copytree(backup, storage / "outbox", dirs_exist_ok=True)
+            report = nats.flush_outbox([result.run_id])
+            assert (report.sent, report.duplicates, report.pending) == (kept, kept, 0)
+            assert [i for messages in stream_messages(nats).values() for i in messages] == ids
+        finally:
+            server.stop()
+
+
+def test_a_run_stopped_by_its_blocking_check_still_tells_its_outcome(tmp_path: Path, nats_resource):
+    """No quorum: the blocking check fails the run after the decision is stored, so decision_events
+    does not run; the failure sensor publishes the stored decision's outcome (FAILED, its reasons)."""
+    fields = {"description": "Write add(a, b).", "role": "DEV", "num_agents": 2, "rounds": 0}
+    runner = ScriptedTurnRunner(code=ADD, fail_agents=["agent-dev-001", "agent-dev-002"])
+    with dg.instance_for_test() as instance:
+        result = run_job(
+            tmp_path, nats_resource, "noquorum-1", fields, runner, instance, raise_on_error=False
+        )
+        assert not result.success
+        decided: Decision = result.output_for_node("decision")
+        assert decided.status is DeliberationStatus.FAILED
+        assert not result.asset_materializations_for_node("decision_events")
+        run = instance.get_run_by_id(result.run_id)
+        failure = next(e for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE")
+        sensor = build_run_failure_sensor(build_deliberation_job())
+        history = HistoryResource(base_path=str(tmp_path / "storage"), max_age_seconds=60)
+        context = dg.build_run_status_sensor_context(
+            sensor_name=sensor.name,
+            dagster_instance=instance,
+            dagster_run=run,
+            dagster_event=failure,
+            resources={"nats": nats_resource, "history": history},
+        ).for_run_failure()
+        sensor(context)
+    [outcome] = read_subject(nats_resource, "ORCHESTRATOR_EVENTS", DELIBERATION_FAILED)
+    assert outcome["payload"]["run_id"] == result.run_id and outcome["payload"]["status"] == "FAILED"
+    assert outcome["payload"]["reasons"] == decided.reasons
+    [collected] = read_subject(nats_resource, "DELIBERATION_RESULTS", "deliberation.failed")
+    assert collected["task_id"] == "noquorum-1" and collected["error"] == "All agents failed"
+
+
+class StoppingRunner(ScriptedTurnRunner):
+    """Stops the NATS server when the review turns start: NATS lost in the middle of a run."""
+
+    def run_turns(self, requests, deadline, engine=None, on_chunk=None, on_result=None):
+        if requests[0].kind is TurnKind.CRITIQUE:
+            NATS_SERVERS[0].stop()
+        return super().run_turns(requests, deadline, engine, on_chunk, on_result)
+
+
+NATS_SERVERS: list = []
+
+
+def test_nats_lost_mid_run_loses_nothing_and_sends_nothing_twice(tmp_path: Path):
+    port, storage = stack.free_port(), tmp_path / "storage"
+    NATS_SERVERS[:] = [stack.start_nats(tmp_path / "logs", port, tmp_path / "nats-store")]
+    nats = NatsResource(
+        url=f"nats://127.0.0.1:{port}", outbox_path=str(storage / "outbox"), connect_timeout_s=0.5
+    )
+    fields = {"description": "Write add(a, b).", "role": "DEV", "num_agents": 2, "rounds": 1}
+    with dg.instance_for_test() as instance:
+        result = run_job(tmp_path, nats, "lost-1", fields, StoppingRunner(code=ADD), instance)
+        assert result.success and nats.outbox().pending(result.run_id) > 0
+        server = stack.start_nats(tmp_path / "logs", port, tmp_path / "nats-store")
+        try:
+            sensor = build_outbox_sensor()
+            sensor(dg.build_sensor_context(instance=instance, resources={"nats": nats}))
+            ids = [i for messages in stream_messages(nats).values() for i in messages]
+        finally:
+            server.stop()
+    turns = [*result.output_for_node("proposals"), *result.output_for_node("reviews")]
+    assert len(ids) == len(set(ids)) and nats.outbox().pending() == 0
+    assert {f"agent.response:{turn_key(result.run_id, t)}" for t in turns} <= set(ids)
+    assert f"deliberation.outcome:{result.run_id}" in ids

@@ -17,7 +17,6 @@ from fleet_pipelines.domain.models import (
     Role,
     Task,
     TurnKind,
-    TurnResult,
     TurnStatus,
     safe_partition_key,
 )
@@ -44,6 +43,7 @@ from fleet_pipelines.events.planning import (
     single_task_plan,
 )
 from fleet_pipelines.history.stored import stored_path
+from tests.factories import turn
 
 # The two sample messages of the old system's planning service, verbatim.
 LEGACY = b'{"story_id": "US-42", "plan_id": "P-42", "approved_by": "po@example.com", "roles": ["DEV", "QA"], "approved_at": "2026-11-25T10:00:00Z"}'  # noqa: E501
@@ -260,14 +260,9 @@ def _task() -> Task:
 
 
 def test_agent_responses_follow_the_seed_payload_and_have_deterministic_keys():
-    ok = TurnResult(
-        task_id="t-1",
-        agent_id="agent-dev-001",
-        role=Role.DEV,
-        kind=TurnKind.PROPOSE,
-        round=0,
-        status=TurnStatus.COMPLETED,
+    ok = turn(
         content="text",
+        task_id="t-1",
         model="m",
         temperature=0.7,
         tokens_out=5,

@@ -20,6 +20,7 @@ from fleet_pipelines.events.planning import (
     plan_deliberations,
     rejection,
 )
+from tests import factories
 
 ROLES = [r.value for r in Role]
 hostile_text = st.one_of(
@@ -36,13 +37,7 @@ json_value = st.recursive(
 
 
 def legacy(plan: str = "P-1", roles: list | None = None) -> dict:
-    return {
-        "story_id": "US-1",
-        "plan_id": plan,
-        "approved_by": "po",
-        "roles": roles or ["DEV"],
-        "approved_at": "2026-11-25T10:00:00Z",
-    }
+    return factories.plan(plan_id=plan, roles=roles or ["DEV"])
 
 
 def enveloped(payload: dict) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.decision import rank
-from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnResult, TurnStatus
+from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnResult
 from fleet_pipelines.domain.scoring import (
     CodeBlock,
     ScoringWeights,
@@ -17,6 +17,7 @@ from fleet_pipelines.domain.scoring import (
 from fleet_pipelines.llm.engine import EngineSettings
 from fleet_pipelines.scoring.checks import judge_check, lint_check, ruff_issues, score_finals
 from fleet_pipelines.scoring.sandbox import SandboxLimits
+from tests.factories import turn
 
 TASK = Task(
     task_id="score-palindrome",
@@ -58,15 +59,7 @@ PAST_DEADLINE = RayTurnDispatcher(
 
 
 def final(agent_id: str, content: str) -> TurnResult:
-    return TurnResult(
-        task_id=TASK.task_id,
-        agent_id=agent_id,
-        role=Role.DEV,
-        kind=TurnKind.PROPOSE,
-        round=0,
-        status=TurnStatus.COMPLETED,
-        content=content,
-    )
+    return turn(agent_id, content, task_id=TASK.task_id)
 
 
 def score(contents: list[str]):
@@ -167,16 +160,7 @@ def test_judge_replies_are_parsed_defensively_and_never_invented():
     assert parse_judge_reply('{"score": 42, "rationale": "x"}') is None  # out of range
     assert parse_judge_reply("I would rate it highly") is None
     assert parse_judge_reply('{"score": 8, "rationale": "cut of') is None  # truncated
-    garbage = TurnResult(
-        task_id="t",
-        agent_id="judge",
-        role=Role.DEV,
-        kind=TurnKind.JUDGE,
-        round=0,
-        target_agent_id="agent-dev-001",
-        status=TurnStatus.COMPLETED,
-        content="ten out of ten",
-    )
+    garbage = turn("judge", "ten out of ten", kind=TurnKind.JUDGE, target_agent_id="agent-dev-001")
     check = judge_check(garbage)
     assert check.value is None and check.evidence == "not scored: judge reply unparseable"
     assert check.output == "ten out of ten"

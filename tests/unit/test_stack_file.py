@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from fleet_pipelines import stack
+from fleet_pipelines.events.options import NO_NATS
 from fleet_pipelines.events.streams import NatsError
 from fleet_pipelines.resources.events import NatsResource
-from fleet_pipelines.settings import NO_NATS, FleetSettings
+from fleet_pipelines.settings import FleetSettings
 from fleet_pipelines.stack_file import read_stack, remove_stack, running_stack, write_stack
 
 PARTS = {

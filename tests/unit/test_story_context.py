@@ -8,7 +8,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from fleet_pipelines.assets import DELIBERATION_JOB
 from fleet_pipelines.assets.deliberation import (
     build_deliberation_job,
     deliberation_assets,
@@ -22,6 +21,7 @@ from fleet_pipelines.events.context import context_entry, context_subject
 from fleet_pipelines.events.models import EventEnvelope
 from fleet_pipelines.events.planning import StreamMessage, plan_deliberations
 from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM
+from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.io import DomainIOManager

@@ -13,27 +13,19 @@ status (FAILED also for a run that crashed before deciding); NOT_FOUND: nothing 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from ..assets import DELIBERATION_JOB, DELIBERATION_PARTITIONS, TURN_LOG_PREFIX
 from ..domain.decision import Decision
-from ..history.log import day_of
-from ..history.task_result import TaskResult, TaskStatus, from_decision
-from .planning import InvalidEvent, plan_deliberations
-from .streams import PLAN_APPROVED, PLANNING_STREAM
+from ..names import DELIBERATION_JOB, DELIBERATION_PARTITIONS, PARTITION_TAG, TURN_LOG_PREFIX
+from .log import DECISION_KEY, day_of
+from .task_result import TaskResult, TaskStatus, from_decision
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .bus import NatsSession
-
-PARTITION_TAG = "dagster/partition"
-DECISION = dg.AssetKey("decision")
-STREAM_SCAN_WINDOW = 1_000
 _WAITING = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING}
 _FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
@@ -42,7 +34,7 @@ def _decided_at(instance: dg.DagsterInstance, task_id: str, run_id: str) -> floa
     """When `run_id` stored the task's decision (None: it has not): the partition's latest decision
     materialization, one indexed query (asset key + partition) however many runs and events exist."""
     records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=DECISION, asset_partitions=[task_id]), limit=1
+        dg.AssetRecordsFilter(asset_key=DECISION_KEY, asset_partitions=[task_id]), limit=1
     ).records
     return records[0].timestamp if records and records[0].run_id == run_id else None
 
@@ -135,7 +127,7 @@ def task_result(
         return TaskResult(
             task_id=task_id,
             status=TaskStatus.PENDING,
-            detail=f"approved plan accepted ({PLANNING_STREAM} seq {seq}), waiting for the planning sensor",
+            detail=f"approved plan accepted (planning stream seq {seq}), waiting for the planning sensor",
             source="planning_stream",
         )
     return TaskResult(
@@ -158,19 +150,3 @@ def finished_turns(
         if r.event_log_entry.user_message.startswith(TURN_LOG_PREFIX)
     ]
     return lines, connection.cursor or cursor
-
-
-async def find_task_in_stream(session: NatsSession, task_id: str) -> int | None:
-    """The sequence of the latest approved plan naming `task_id` among the last few in the stream."""
-    stream = await session.stream_for(PLAN_APPROVED)
-    after = max(0, await session.last_seq(stream) - STREAM_SCAN_WINDOW)
-    found = None
-    async for message in session.read_after(
-        stream, PLAN_APPROVED, after, STREAM_SCAN_WINDOW, time.monotonic() + 3
-    ):
-        try:
-            if any(p.task_id == task_id for p in plan_deliberations(message)):
-                found = message.seq
-        except InvalidEvent:
-            continue
-    return found

@@ -1,0 +1,32 @@
+"""Deliberation assets stay a few lines over domain functions and `previews`: every asset body of
+the deliberation (its docstring aside) is at most 20 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import fleet_pipelines.assets
+
+ASSETS = Path(fleet_pipelines.assets.__file__).parent
+MAX_BODY_LINES = 20
+
+
+def asset_bodies() -> dict[str, int]:
+    sizes = {}
+    for module in ("deliberation.py", "story.py"):
+        for node in ast.parse((ASSETS / module).read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any(
+                ast.unparse(d).startswith("dg.asset") for d in node.decorator_list
+            ):
+                body = node.body[1:] if ast.get_docstring(node) else node.body
+                sizes[node.name] = body[-1].end_lineno - body[0].lineno + 1
+    return sizes
+
+
+def test_every_deliberation_asset_body_is_at_most_20_lines():
+    sizes = asset_bodies()
+    assert {"deliberation_task", "story_context", "convened_council", "decision", "decision_events"} <= set(
+        sizes
+    )
+    assert {name: n for name, n in sizes.items() if n > MAX_BODY_LINES} == {}

@@ -1,0 +1,126 @@
+"""The package's imports, walked from the source (every import: module level, in functions, and
+under TYPE_CHECKING): no module depends on itself through others, and no layer imports one above it.
+
+Layers, bottom up: names; the pure domain; the adapters (engines, scoring, events, history,
+Dagster's private APIs, the running local stack's record); dispatch; evaluation; resources;
+settings (which builds the resources); assets; sensors and schedules; and the entry points
+(definitions, the CLI, the local stack).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import fleet_pipelines
+
+PACKAGE = Path(fleet_pipelines.__file__).parent
+LAYERS = [
+    {"names"},
+    {"domain"},
+    {"llm", "scoring", "events", "history", "dagster_private", "stack_file"},
+    {"dispatch"},
+    {"evaluation"},
+    {"resources"},
+    {"settings"},
+    {"assets"},
+    {"sensors", "schedules"},
+    {"definitions", "cli", "stack"},
+]
+RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported(name: str, path: Path, known: set[str]) -> Iterator[str]:
+    """The package's modules that `name` imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            source = ".".join([*base, node.module] if node.module else base)
+            targets = [source, *(f"{source}.{a.name}" for a in node.names)]
+        else:
+            continue
+        yield from (t for t in targets if t in known and t != name)
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: set(imported(name, path, set(found))) for name, path in found.items()}
+
+
+def layer(module: str) -> int | None:
+    parts = module.split(".")
+    return RANK.get(parts[1]) if len(parts) > 1 else None
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_module_of_the_package_has_a_layer():
+    missing = sorted(m for m in modules() if m != "fleet_pipelines" and layer(m) is None)
+    assert not missing, f"modules with no layer in LAYERS: {missing}"
+
+
+def test_no_module_depends_on_itself_through_others():
+    found = cycles(graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_layer_imports_a_layer_above_it():
+    upward = sorted(
+        f"{source} -> {target}"
+        for source, targets in graph().items()
+        for target in targets
+        if layer(source) is not None and layer(target) is not None and layer(target) > layer(source)
+    )
+    assert not upward, "imports up a layer: " + "; ".join(upward)
+
+
+def test_the_walk_sees_a_cycle_and_an_upward_import():
+    """The checks above would catch what they are for."""
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    edges = set(imported("fleet_pipelines.history.log", PACKAGE / "history" / "log.py", set(modules())))
+    assert "fleet_pipelines.names" in edges and layer("fleet_pipelines.assets.story") > layer(
+        "fleet_pipelines.history.log"
+    )
