@@ -23,7 +23,6 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.assets.deliberation import (
     build_deliberation_job,
     deliberation_assets,
@@ -38,6 +37,7 @@ from fleet_pipelines.domain.workspace import Workspace
 from fleet_pipelines.evaluation.repo_suite import REPO_CASES, create_repo, repo_task_fields
 from fleet_pipelines.events.streams import streaming_subject
 from fleet_pipelines.history.stored import read_stored
+from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.io import DomainIOManager
 from fleet_pipelines.resources.repos import ReposConfig
