@@ -27,7 +27,7 @@ from enum import StrEnum
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from .models import Role
+from .models import Role, TurnResult
 from .scoring import extract_code_blocks
 
 _PYTHON_LANGS = frozenset({"", "python", "py", "python3"})
@@ -222,7 +222,7 @@ def budget_prefix(token_costs: Sequence[int], budget: int) -> int:
 
 
 class ArmOutcome(BaseModel):
-    """One arm on one problem."""
+    """One arm on one problem (`arm_outcome`)."""
 
     problem_id: str
     arm: Arm
@@ -426,3 +426,20 @@ def drops(previous: dict[Arm, float], current: dict[Arm, float], tolerance: floa
         for arm in Arm
         if arm in previous and arm in current and previous[arm] - current[arm] > tolerance + 1e-12
     ]
+
+
+def arm_outcome(
+    problem_id: str, arm: Arm, candidates: list[Candidate], turns: Sequence[TurnResult], wall_s: float
+) -> ArmOutcome:
+    """What one arm did on a problem: its candidates, the one selected, and what its turns cost."""
+    return ArmOutcome(
+        problem_id=problem_id,
+        arm=arm,
+        candidates=candidates,
+        selected=select(candidates),
+        tokens_in=sum(t.tokens_in for t in turns),
+        tokens_out=sum(t.tokens_out for t in turns),
+        calls=len(turns),
+        failed_calls=sum(not t.ok for t in turns),
+        wall_s=round(wall_s, 3),
+    )

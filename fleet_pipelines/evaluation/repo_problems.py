@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +22,6 @@ from ..workspace.prepare import prepare_workspace
 from ..workspace.runs import RepoRunLimits, score_patch
 from ..workspace.view import prompt_view
 from .repo_suite import REPO_CASES, create_repo
-from .runner import CandidateJudge
 
 REPO_RUBRIC = "The patch applies, fixes the failing test and breaks no other."
 
@@ -60,9 +59,8 @@ def repo_task(
     )
 
 
-class RepoJudge(CandidateJudge):
-    """Candidates of a repository problem: each distinct patch run once in the sandbox; the
-    arm outcomes are the function problems' (`CandidateJudge.outcome`)."""
+class RepoJudge:
+    """Candidates of a repository problem: each distinct patch run once in the sandbox."""
 
     def __init__(
         self,
@@ -112,3 +110,9 @@ class RepoJudge(CandidateJudge):
             self._patches[patch] = held
         score = score_proposal(self.task, turn, self.weights).score
         return held.model_copy(update={"agent_id": turn.agent_id, "round": turn.round, "score": score})
+
+    def outcome(
+        self, arm: ev.Arm, turns: Sequence[TurnResult], finals: Sequence[TurnResult], wall_s: float
+    ) -> ev.ArmOutcome:
+        candidates = [self.candidate(t) for t in finals]
+        return ev.arm_outcome(self.problem.problem_id, arm, candidates, turns, wall_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import ray
 from pydantic import BaseModel, ConfigDict, Field
@@ -122,17 +123,15 @@ class CandidateJudge:
         self, arm: ev.Arm, turns: Sequence[TurnResult], finals: Sequence[TurnResult], wall_s: float
     ) -> ev.ArmOutcome:
         candidates = [self.candidate(t) for t in finals]
-        return ev.ArmOutcome(
-            problem_id=self.problem.problem_id,
-            arm=arm,
-            candidates=candidates,
-            selected=ev.select(candidates),
-            tokens_in=sum(t.tokens_in for t in turns),
-            tokens_out=sum(t.tokens_out for t in turns),
-            calls=len(turns),
-            failed_calls=sum(not t.ok for t in turns),
-            wall_s=round(wall_s, 3),
-        )
+        return ev.arm_outcome(self.problem.problem_id, arm, candidates, turns, wall_s)
+
+
+class Judge(Protocol):
+    """What the arms need of a problem's judge (`CandidateJudge`, `repo_problems.RepoJudge`)."""
+
+    def outcome(
+        self, arm: ev.Arm, turns: Sequence[TurnResult], finals: Sequence[TurnResult], wall_s: float
+    ) -> ev.ArmOutcome: ...
 
 
 def _tokens(turn: TurnResult) -> int:
@@ -188,7 +187,7 @@ def _arms(
     settings: EvaluationSettings,
     engine: AnyEngineSettings,
     dispatch: DispatchSettings,
-    judge: CandidateJudge,
+    judge: Judge,
     check_code: CodeChecker,
 ) -> list[ev.ArmOutcome]:
     m = settings.max_tokens
