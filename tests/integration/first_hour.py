@@ -47,7 +47,16 @@ def lay_out(project: Path) -> None:
     and `dg`'s project), the package, the Dagster files, the virtualenv and the fetched model,
     linked from this checkout."""
     project.mkdir(parents=True, exist_ok=True)
-    for name in ("Makefile", "pyproject.toml", "fleet_pipelines", "workspace.yaml", "dagster.yaml", ".venv"):
+    # deploy/: `make install` resolves under deploy/constraints.txt.
+    for name in (
+        "Makefile",
+        "pyproject.toml",
+        "deploy",
+        "fleet_pipelines",
+        "workspace.yaml",
+        "dagster.yaml",
+        ".venv",
+    ):
         (project / name).symlink_to(REPO_ROOT / name)
     (project / ".fleet").mkdir()
     (project / ".fleet" / "models").symlink_to(default_model_dir())
@@ -67,7 +76,8 @@ def start_make_dev(project: Path, home: Path) -> subprocess.Popen:
     output: list[str] = []
     while not (output and "dagster UI:" in output[-1]):
         if time.monotonic() > deadline or process.poll() is not None:
-            os.killpg(process.pid, signal.SIGINT)
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGINT)
             raise RuntimeError("make dev did not start:\n" + "".join(output))
         output.append(process.stdout.readline())
     return process
