@@ -306,7 +306,11 @@ class FleetSettings(BaseModel):
             "council": self.council(),
             "io_manager": DomainIOManager(base_path=self.storage),
             "frames_io_manager": ParquetIOManager(base_path=self.storage),
-            "history": HistoryResource(base_path=self.storage, max_age_seconds=self.retention_seconds),
+            "history": HistoryResource(
+                base_path=self.storage,
+                max_age_seconds=self.retention_seconds,
+                workspaces_dir=self.workspaces_dir,
+            ),
             # NATS_URL (+ NATS_TOKEN/USER/PASSWORD/CREDS/TLS_*): `make dev` starts one and sets it.
             "nats": self.nats(),
         }

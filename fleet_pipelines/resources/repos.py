@@ -4,8 +4,6 @@ private remotes (read from the environment only) and where winning patches are p
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 from typing import Literal
 
 import dagster as dg
@@ -17,7 +15,7 @@ from ..domain.tool_turns import tool_turns
 from ..domain.tools import TOOLS, StepBudget
 from ..domain.workspace import Workspace
 from ..workspace.checkout import CheckoutLimits
-from ..workspace.prepare import prepare_workspace
+from ..workspace.prepare import prepare_workspace, workspaces_root
 from ..workspace.push import branch_name, push_patch
 from ..workspace.runs import RepoRunLimits, run_tool
 from .config import derived_config
@@ -108,7 +106,7 @@ class ReposConfig(dg.Config):
         return self.runs.to_model()
 
     def prepare(self, task_id: str, repo: RepoSpec) -> Workspace:
-        root = Path(self.root or Path(tempfile.gettempdir()) / "fleet-workspaces")
+        root = workspaces_root(self.root)
         return prepare_workspace(
             task_id, repo, root, self.checkout.to_model(), self.run_limits(), self.token()
         )

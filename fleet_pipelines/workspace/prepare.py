@@ -9,13 +9,29 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
-from ..domain.models import RepoSpec
+from ..domain.models import RepoSpec, safe_partition_key
 from ..domain.workspace import Workspace
 from .checkout import CheckoutLimits, checkout, make_writable
 from .environment import build_environment, declared_dependencies
 from .runs import RepoRunLimits, baseline
+
+
+def workspaces_root(configured: str = "") -> Path:
+    """The workspaces folder: the configured one, else `<tmp>/fleet-workspaces`."""
+    return Path(configured) if configured else Path(tempfile.gettempdir()) / "fleet-workspaces"
+
+
+def remove_task_workspaces(root: Path, task_id: str) -> bool:
+    """Deletes a task's workspaces (every commit's checkout and environment); False: it had none."""
+    folder = root / safe_partition_key(task_id)
+    if not folder.is_dir():
+        return False
+    make_writable(folder)
+    shutil.rmtree(folder)
+    return True
 
 
 def prepare_workspace(

@@ -263,3 +263,13 @@ def test_a_patch_that_forges_the_repositorys_own_tests_still_fails_the_hidden_on
     assert evidence.applies and evidence.tests is not None and evidence.tests.status == "passed"  # forged
     assert evidence.hidden is not None and evidence.hidden.status == "failed"
     assert (evidence.hidden.passed, evidence.hidden.failed) == (0, 1)
+
+
+def test_retention_removes_a_tasks_read_only_workspaces(tmp_path, root):
+    from fleet_pipelines.resources.history import HistoryResource
+
+    source = make_repo(tmp_path / "src", {"a.py": "x = 1\n"})
+    checkout(str(source), "main", root / "gone-1" / "abc" / "repo")  # read-only, as prepare leaves it
+    history = HistoryResource(base_path=str(tmp_path), max_age_seconds=1, workspaces_dir=str(root))
+    assert history.remove_workspace("gone-1") and not (root / "gone-1").exists()
+    assert not history.remove_workspace("gone-1") and not history.remove_workspace("never")
