@@ -25,6 +25,7 @@ HISTORY_GROUP = "history"
 # Assets of a deliberation, in order (each is also the asset's key), and the story's decisions.
 DELIBERATION_TASK = "deliberation_task"
 COUNCIL = "council"
+WORKSPACE = "workspace"
 PROPOSALS = "proposals"
 SCORES = "scores"
 DECISION = "decision"

@@ -105,6 +105,18 @@ class FleetSettings(BaseModel):
         validation_alias=_env("FLEET_COUNCILS_FILE"),
         description="YAML councils file: per role agents, engine and model, budgets, rubric, weights.",
     )
+    # Repository tasks
+    workspaces_dir: str = Field(
+        default="",
+        validation_alias=_env("FLEET_WORKSPACES_DIR"),
+        description="Read-only workspaces of repository tasks (default `<tmp>/fleet-workspaces`); every "
+        "folder above it must be traversable by other users (the sandbox's uids).",
+    )
+    push_remote: str = Field(
+        default="",
+        validation_alias=_env("FLEET_PUSH_REMOTE"),
+        description="Git remote the winning patch of a repository task is pushed to as `fleet/{task_id}`.",
+    )
     # Where state lives
     state_dir: Path = Field(
         default=Path(".fleet"),
@@ -169,7 +181,11 @@ class FleetSettings(BaseModel):
     # The nightly evaluation
     eval_schedule: str = Field(default="off", validation_alias=_env("FLEET_EVAL_SCHEDULE"))
     eval_cron: str = Field(default="0 2 * * *", validation_alias=_env("FLEET_EVAL_CRON"))
-    eval_suite: str = Field(default="humaneval", validation_alias=_env("FLEET_EVAL_SUITE"))
+    eval_suite: str = Field(
+        default="humaneval,repos",
+        validation_alias=_env("FLEET_EVAL_SUITE"),
+        description="Suites of the nightly run, comma-separated, each sampled on its own.",
+    )
     eval_split: str = Field(default="test", validation_alias=_env("FLEET_EVAL_SPLIT"))
     eval_sample_size: int = Field(default=20, validation_alias=_env("FLEET_EVAL_SAMPLE_SIZE"))
 
@@ -233,8 +249,13 @@ class FleetSettings(BaseModel):
     def council(self, councils_file: str | None = None) -> CouncilResource:
         """The council resource; `councils_file` in place of FLEET_COUNCILS_FILE's."""
         from .resources.council import CouncilResource
+        from .resources.repos import ReposConfig
 
-        return CouncilResource(max_tokens=self.max_tokens, councils_file=councils_file or self.councils_file)
+        return CouncilResource(
+            max_tokens=self.max_tokens,
+            councils_file=councils_file or self.councils_file,
+            repos=ReposConfig(root=self.workspaces_dir, push_remote=self.push_remote),
+        )
 
     def resources(self) -> dict[str, object]:
         """Every resource of the code location."""
@@ -285,7 +306,11 @@ class FleetSettings(BaseModel):
             "council": self.council(),
             "io_manager": DomainIOManager(base_path=self.storage),
             "frames_io_manager": ParquetIOManager(base_path=self.storage),
-            "history": HistoryResource(base_path=self.storage, max_age_seconds=self.retention_seconds),
+            "history": HistoryResource(
+                base_path=self.storage,
+                max_age_seconds=self.retention_seconds,
+                workspaces_dir=self.workspaces_dir,
+            ),
             # NATS_URL (+ NATS_TOKEN/USER/PASSWORD/CREDS/TLS_*): `make dev` starts one and sets it.
             "nats": self.nats(),
         }

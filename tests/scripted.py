@@ -26,10 +26,14 @@ class ScriptedEngine:
         timeout_kind: TurnKind | None = None,
         code: str = "",
         judge_score: float = 7,
+        patches: dict[str, str] | None = None,
+        tool_replies: dict[str, list[str]] | None = None,
     ):
         self.fail = fail or set()
         self.timeout_kind = timeout_kind
         self.code = code
+        self.patches = patches or {}
+        self.tool_replies = tool_replies or {}
         self.judge_score = judge_score
         self.batches: list[list[TurnRequest]] = []
 
@@ -38,9 +42,15 @@ class ScriptedEngine:
             return json.dumps(
                 {"score": self.judge_score, "rationale": f"scripted verdict on {r.target_agent_id}"}
             )
+        step = sum(m.role == "assistant" for m in r.messages)  # engine calls of this turn so far
+        scripted = self.tool_replies.get(r.agent_id, [])
+        if r.kind is TurnKind.PROPOSE and step < len(scripted):
+            return scripted[step]
         text = f"{r.kind.value} by {r.agent_id} round {r.round} on {r.target_agent_id}"
         if self.code and r.kind in (TurnKind.PROPOSE, TurnKind.REVISE):
             text += f"\n\n```python\n{self.code}\n```\n"
+        if r.agent_id in self.patches and r.kind in (TurnKind.PROPOSE, TurnKind.REVISE):
+            text += f"\n\n```diff\n{self.patches[r.agent_id]}```\n"
         return text
 
     def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
@@ -67,12 +77,25 @@ class ScriptedTurnRunner(TurnRunnerResource):
     code: str = Field(default="", description="Python each proposal and revision carries.")
     judge_score: float = Field(default=7, description="The judge's score of every proposal (0-10).")
     fail_agents: list[str] = Field(default_factory=list, description="Agents whose every turn fails.")
+    patches: dict[str, str] = Field(
+        default_factory=dict, description="Per agent, the unified diff its proposals and revisions carry."
+    )
+    tool_replies: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Per agent, the replies (tool calls) its proposal turn makes before its answer.",
+    )
     record_to: str = Field(default="", description="A file each request is appended to, one JSON line each.")
     _engine: ScriptedEngine = PrivateAttr()
 
     def setup_for_execution(self, context) -> None:
         fail = {(agent, kind) for agent in self.fail_agents for kind in TurnKind}
-        self._engine = ScriptedEngine(fail=fail, code=self.code, judge_score=self.judge_score)
+        self._engine = ScriptedEngine(
+            fail=fail,
+            code=self.code,
+            judge_score=self.judge_score,
+            patches=self.patches,
+            tool_replies=self.tool_replies,
+        )
 
     @property
     def model_name(self) -> str:

@@ -1,12 +1,15 @@
 """A deliberation as assets of one dynamic partition (partition key = task id).
 
-deliberation_task -> story_context -> council -> proposals -> reviews -> scores -> decision ->
-decision_events. The council is convened once (`council`) and every later step reads it; `decision`
-only decides and `decision_events` tells the world, keeping in the outbox what NATS does not take.
+deliberation_task -> story_context, workspace -> council -> proposals -> reviews -> scores ->
+decision -> decision_events. A repository task's `workspace` is its read-only checkout: its view
+is in the agents' prompts, their turns may call tools on it, and their patches are scored on it.
+The council is convened once (`council`) and every later step reads it; `decision` only decides
+and `decision_events` tells the world, keeping in the outbox what NATS does not take.
 The assets exchange domain objects (stored as JSON by the `io_manager`); each is a few lines over
 the domain, the `turn_runner` and `previews` (what the UI shows).
 """
 
+import functools
 import time
 import types
 import typing
@@ -26,6 +29,7 @@ from ..domain.decision import Decision, decide
 from ..domain.deliberation import TurnRunner, current_versions, proposal_requests, review_rounds
 from ..domain.models import Task, TurnResult, flat_task_fields, validation_message
 from ..domain.scoring import CheckResult, ProposalScore, gate_failures
+from ..domain.workspace import Workspace, extract_patch
 from ..events.outbound import outcome_events
 from ..history.log import OUTCOME, outcome_metadata
 from ..history.runs import run_started
@@ -42,24 +46,30 @@ from ..names import (
 )
 from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
+from ..resources.repos import ReposConfig
 from ..resources.turns import TurnRunnerResource
 from ..scoring.checks import execution_checks, score_finals
 from ..settings import FleetSettings
+from ..workspace.checkout import CheckoutError
+from ..workspace.checks import patch_checker
+from ..workspace.view import prompt_view
 from .partitions import deliberation_partitions
 from .previews import (
     council_metadata,
     decision_metadata,
     events_metadata,
     feedback_markdown,
+    patches_markdown,
     scores_metadata,
     turns_metadata,
 )
 from .progress import TurnProgress
 from .story import report_story_decision, story_context
+from .workspace import workspace as workspace_asset
 
 
 def _config_type(annotation: Any) -> Any:
-    """The launchpad's type for a domain type: enums as their values, models as string maps,
+    """The launchpad's type for a domain type: enums as their values, models as nested config,
     constrained strings as strings. The domain's Task validates the values in the first step."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
@@ -77,8 +87,20 @@ def _config_type(annotation: Any) -> Any:
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         return str
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return dict[str, str]
+        return _nested_config(annotation)
     return annotation
+
+
+@functools.cache
+def _nested_config(model: type[BaseModel]) -> type[dg.Config]:
+    """The launchpad's form of a nested domain model (a task's repository, an example): its
+    fields with their defaults and descriptions; the domain model validates the values."""
+    return create_model(
+        f"{model.__name__}Config",
+        __base__=dg.Config,
+        __doc__=model.__doc__,
+        **{name: _launchpad_field(name, info.annotation, info) for name, info in model.model_fields.items()},
+    )
 
 
 def _launchpad_field(name: str, annotation: Any, info: FieldInfo) -> tuple[Any, FieldInfo]:
@@ -120,15 +142,26 @@ def _started(context: dg.AssetExecutionContext) -> float:
 
 @contextmanager
 def _live_turns(
-    context: dg.AssetExecutionContext, turn_runner: TurnRunnerResource, nats: NatsResource, convened: Convened
+    context: dg.AssetExecutionContext,
+    turn_runner: TurnRunnerResource,
+    nats: NatsResource,
+    convened: Convened,
+    tools: tuple[ReposConfig, Workspace] | None = None,
 ) -> Iterator[TurnRunner]:
     """The turn runner with live progress (`assets.progress`): chunks on vllm.streaming.{task_id},
     each turn's events as it ends (keys from run + turn, so a retried step's copies drop), and the
-    run log. Events NATS does not take wait in the outbox: progress never fails a deliberation."""
+    run log. Events NATS does not take wait in the outbox: progress never fails a deliberation.
+    With `tools` (a repository task's workspace), agents' turns may call tools, each call and its
+    result on the stream and in the turn's history."""
     deadline = _started(context) + convened.task.constraints.timeout_seconds
     with nats.publisher(context.run_id) as sink:
         progress = TurnProgress(context, sink, convened.task)
-        yield turn_runner.runner(deadline, convened.engine, progress.on_chunk, progress.on_result)
+        if tools is None or not tools[1].active or not tools[0].tools:
+            yield turn_runner.runner(deadline, convened.engine, progress.on_chunk, progress.on_result)
+        else:  # a repository task: agents call tools, each engine call through the same runner
+            repos, workspace = tools
+            step = turn_runner.runner(deadline, convened.engine, progress.on_chunk)
+            yield repos.tool_runner(step, workspace, progress.on_tool, progress.on_result)
     if sink.kept:
         context.log.warning(f"{sink.kept} events kept in the outbox until NATS is back: {sink.unreachable}")
 
@@ -157,12 +190,17 @@ def convened_council(
     context: dg.AssetExecutionContext,
     deliberation_task: Task,
     story_context: StoryContext,
+    workspace: Workspace,
     council: CouncilResource,
 ) -> dg.Output[Convened]:
     """The council that deliberates, convened once per run: its agents, budgets, engine, rubric and
-    weights, and the councils file version that set them. Every later step reads this one."""
+    weights, and the councils file version that set them. Every later step reads this one. Its
+    task carries the story's context and a repository task's workspace view."""
+    view = prompt_view(workspace) if workspace.active else ""
     try:
-        convened = council.convene(deliberation_task.model_copy(update={"context": story_context}))
+        convened = council.convene(
+            deliberation_task.model_copy(update={"context": story_context, "workspace_view": view})
+        )
     except CouncilsFileError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     context.log.info(f"council of {len(convened.agents)} (councils file {convened.version or 'none'})")
@@ -171,11 +209,16 @@ def convened_council(
 
 @dg.asset(**_ASSET, ins=_ON_COUNCIL, kinds={"ray"})
 def proposals(
-    context: dg.AssetExecutionContext, convened: Convened, turn_runner: TurnRunnerResource, nats: NatsResource
+    context: dg.AssetExecutionContext,
+    convened: Convened,
+    workspace: Workspace,
+    council: CouncilResource,
+    turn_runner: TurnRunnerResource,
+    nats: NatsResource,
 ) -> dg.Output[list[TurnResult]]:
     """Round 0: every agent of the council writes a proposal, all turns in one batch, the story's
-    context in its prompt."""
-    with _live_turns(context, turn_runner, nats, convened) as run_turns:
+    context (and a repository task's workspace, with tools on it) in its prompt."""
+    with _live_turns(context, turn_runner, nats, convened, (council.repos, workspace)) as run_turns:
         results = run_turns(proposal_requests(convened.task, convened.agents, convened.settings))
     ok = sum(r.ok for r in results)
     engine = convened.engine.model if convened.engine else turn_runner.model_name
@@ -187,31 +230,42 @@ def proposals(
 def reviews(
     context: dg.AssetExecutionContext,
     convened: Convened,
+    workspace: Workspace,
     proposals: list[TurnResult],
     council: CouncilResource,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
 ) -> dg.Output[list[TurnResult]]:
     """R rounds: each agent critiques its peers' current proposals, then revises its own, seeing
-    its own code's check results where execution feedback is on for the role."""
+    its own code's check results (a repository task: its patch's) where execution feedback is on
+    for the role."""
     task, settings, limits = convened.task, convened.settings, council.sandbox.to_model()
+    patch_checks = _patch_checks(council, workspace)
     shown: list[tuple[str, list[CheckResult]]] = []
 
     def check_code(task: Task, text: str) -> list[CheckResult]:
-        shown.append((text, execution_checks(task, text, limits)))
+        shown.append(
+            (text, patch_checks(task, text) if patch_checks else execution_checks(task, text, limits))
+        )
         return shown[-1][1]
 
-    with _live_turns(context, turn_runner, nats, convened) as run_turns:
+    with _live_turns(context, turn_runner, nats, convened, (council.repos, workspace)) as run_turns:
         history = review_rounds(task, convened.agents, settings, proposals, run_turns, check_code)
     metadata = {"rounds": task.rounds, "execution_feedback": settings.feedback_for(task.role)}
     feedback = feedback_markdown(history, proposals, shown)
     return dg.Output(history, metadata={**metadata, "feedback_shown": feedback, **turns_metadata(history)})
 
 
+def _patch_checks(council: CouncilResource, workspace: Workspace):
+    """A repository task's patch checks (None: the code-block checks)."""
+    return patch_checker(workspace, council.repos.run_limits()) if workspace.active else None
+
+
 @dg.asset(**_ASSET, ins=_ON_COUNCIL, kinds={"python"})
 def scores(
     context: dg.AssetExecutionContext,
     convened: Convened,
+    workspace: Workspace,
     proposals: list[TurnResult],
     reviews: list[TurnResult],
     council: CouncilResource,
@@ -222,17 +276,22 @@ def scores(
     LLM judge), in council order, with the evidence of each check."""
     history = [*proposals, *reviews]
     limits, judge_tokens = council.sandbox.to_model(), convened.judge_max_tokens
+    finals = current_versions(history)
     with _live_turns(context, turn_runner, nats, convened) as run_turns:
         scored = score_finals(
             convened.task,
             convened.agents,
-            current_versions(history),
+            finals,
             convened.weights,
             limits,
             run_turns,
             judge_tokens,
+            _patch_checks(council, workspace),
         )
-    return dg.Output(scored, metadata=scores_metadata(scored, history, convened.agents))
+    metadata = scores_metadata(scored, history, convened.agents)
+    if workspace.active:
+        metadata["patches"] = patches_markdown(finals)
+    return dg.Output(scored, metadata=metadata)
 
 
 QUORUM_CHECK = dg.AssetCheckSpec(
@@ -256,6 +315,7 @@ WINNER_CHECK = dg.AssetCheckSpec(
 @dg.asset(**_ASSET, ins=_ON_COUNCIL, kinds={"python"}, check_specs=[QUORUM_CHECK, WINNER_CHECK])
 def decision(
     convened: Convened,
+    workspace: Workspace,
     proposals: list[TurnResult],
     reviews: list[TurnResult],
     scores: list[ProposalScore],
@@ -273,6 +333,9 @@ def decision(
         council.quorum,
         {s.agent_id: s.not_run() for s in scores},
     )
+    if workspace.active:  # a repository task: the decision is the winning patch
+        patch = extract_patch(result.winner_content) if result.winner_id else ""
+        result = result.model_copy(update={"winner_patch": patch, "base_commit": workspace.commit})
     # OUTCOME: what the decision log keeps
     metadata = {**decision_metadata(result), OUTCOME: outcome_metadata(convened.task, result, turns)}
     yield dg.Output(result, metadata=metadata)
@@ -284,14 +347,18 @@ def decision(
 def decision_events(
     context: dg.AssetExecutionContext,
     convened: Convened,
+    workspace: Workspace,
     proposals: list[TurnResult],
     decision: Decision,
+    council: CouncilResource,
     nats: NatsResource,
 ) -> dg.MaterializeResult:
-    """Tells the world: `orchestration.deliberation.completed|failed` (one per run: the failure
-    sensor shares its key), the old collector's `deliberation.completed|failed`, and the decision in
-    its story's `story_decisions`. Events NATS does not take wait in the outbox."""
+    """Tells the world: a repository task's winning patch pushed as `fleet/{task_id}` where a remote
+    is configured, `orchestration.deliberation.completed|failed` (one per run: the failure sensor
+    shares its key), the old collector's `deliberation.completed|failed`, and the decision in its
+    story's `story_decisions`. Events NATS does not take wait in the outbox."""
     task, tags, run_id = convened.task, context.run.tags, context.run_id
+    decision, pushed = _push(context, council.repos, task, workspace, decision)
     duration_ms = (time.time() - _started(context)) * 1000
     correlation, causation = tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION)
     sink = nats.deliver(
@@ -300,7 +367,28 @@ def decision_events(
     report_story_decision(context, task, decision)
     outbox = nats.outbox()
     pending = outbox.pending(context.run_id) if outbox is not None else 0
-    return dg.MaterializeResult(metadata=events_metadata(pending, sink.unreachable))
+    return dg.MaterializeResult(metadata={**events_metadata(pending, sink.unreachable), **pushed})
+
+
+def _push(
+    context: dg.AssetExecutionContext,
+    repos: ReposConfig,
+    task: Task,
+    workspace: Workspace,
+    decision: Decision,
+) -> tuple[Decision, dict[str, str]]:
+    """The winning patch pushed where a remote is configured; the decision as the events tell it
+    (with the branch), and what the UI shows. A push that fails is logged, never a failed step."""
+    if not decision.winner_patch or not repos.push_remote:
+        return decision, {}
+    message = f"fleet: {task.task_id} ({decision.winner_id})\n\n{task.description[:500]}"
+    try:
+        branch = repos.push(workspace, decision.winner_patch, message)
+    except CheckoutError as exc:
+        context.log.warning(f"push of the winning patch failed: {exc}")
+        return decision, {"pushed_branch": f"push failed: {str(exc)[:300]}"}
+    context.log.info(f"winning patch pushed as {branch} to {repos.push_remote}")
+    return decision.model_copy(update={"pushed_branch": branch}), {"pushed_branch": branch}
 
 
 def quorum_met(decision: Decision) -> dg.AssetCheckResult:
@@ -344,6 +432,7 @@ def winner_passes_checks(decision: Decision, scores: Sequence[ProposalScore]) ->
 deliberation_assets = [
     deliberation_task,
     story_context,
+    workspace_asset,
     convened_council,
     proposals,
     reviews,

@@ -25,7 +25,10 @@ evaluation_partitions = dg.DailyPartitionsDefinition(start_date="2025-01-01", en
 class EvaluationConfig(dg.Config):
     """Which problems, and how each arm samples. Defaults: 10 dev problems, N=3, R=1."""
 
-    suite: str = Field(default="humaneval", description="Benchmark suite: humaneval or fleet.")
+    suite: str = Field(
+        default="humaneval",
+        description="Benchmark suite: humaneval, fleet or repos, or several comma-separated.",
+    )
     split: str = Field(default="dev", description="dev (HumanEval 0-39, for tuning), test (the rest) or all.")
     sample_size: int = Field(default=10, description="Problems drawn from the split (0: all of it).")
     seed: int = Field(default=0, description="Seed of the sample: the same seed gives the same problems.")

@@ -13,6 +13,7 @@ from ..domain.deliberation import current_versions
 from ..domain.models import AgentSpec, TurnKind, TurnResult
 from ..domain.prompts import feedback_block
 from ..domain.scoring import CheckResult, ProposalScore
+from ..domain.workspace import extract_patch, rationale_of
 
 TURN_TABLE_COLUMNS = [
     "agent_id",
@@ -138,7 +139,27 @@ def decision_metadata(decision: Decision) -> dict[str, dg.RawMetadataValue]:
         "winner": decision.winner_id or "none",
         "ranking": dg.MetadataValue.md(ranking or "_none_"),
         "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in decision.reasons)),
+        **(
+            {
+                "winning_patch": dg.MetadataValue.md(f"```diff\n{decision.winner_patch}```"),
+                "base_commit": decision.base_commit,
+            }
+            if decision.winner_patch
+            else {}
+        ),
     }
+
+
+def patches_markdown(finals: Mapping[str, TurnResult]) -> dg.MetadataValue:
+    """Each final proposal's rationale and its patch as a diff block (a repository task)."""
+    sections = []
+    for agent_id, final in finals.items():
+        patch = extract_patch(final.content)
+        diff = f"```diff\n{patch}```" if patch else "_no unified diff_"
+        sections.append(
+            f"### {agent_id} (round {final.round})\n\n{rationale_of(final.content)[:1_500]}\n\n{diff}"
+        )
+    return dg.MetadataValue.md("\n\n".join(sections) or "_no proposal_")
 
 
 def story_context_metadata(

@@ -13,11 +13,13 @@ The run publishes, not the workers: chunks come back to the run through the queu
 
 from __future__ import annotations
 
+import json
 import time
 
 import dagster as dg
 
 from ..domain.models import Task, TurnKind, TurnRequest, TurnResult, turn_label
+from ..domain.tools import ToolStep
 from ..events.outbound import agent_response_events, turn_chunk_event
 from ..names import TAG_CAUSATION, TAG_CORRELATION, TURN_LOG_PREFIX
 from ..resources.events import EventSink
@@ -45,10 +47,12 @@ class TurnProgress:
         self.log_every_s = log_every_s
         self._streamed: dict[str, int] = {}  # tokens streamed so far, by turn label
         self._next_seq: dict[str, int] = {}
+        self._base_seq: dict[str, int] = {}  # a turn with tools: its next engine call's chunks follow
         self._logged_at = time.monotonic()
 
     def on_chunk(self, request: TurnRequest, seq: int, text: str, tokens: int) -> None:
         label = turn_label(request)
+        seq += self._base_seq.get(label, 0)
         self.publisher.publish_nowait(
             *turn_chunk_event(self.task.task_id, self.context.run_id, request, seq, text, tokens)
         )
@@ -60,9 +64,22 @@ class TurnProgress:
                 "streaming: " + "; ".join(f"{label} {n} tokens" for label, n in self._streamed.items())
             )
 
+    def on_tool(self, request: TurnRequest, step: ToolStep) -> None:
+        """A tool call and its result, as a chunk of the turn's stream and a line of the run log."""
+        label = turn_label(request)
+        seq = self._next_seq.get(label, 0)
+        call = json.dumps(step.arguments) if step.parsed else repr(step.text[:200])
+        text = f"\n[tool {step.name} {call} ({step.duration_ms:.0f} ms)]\n{step.output[:1_000]}\n[/tool]\n"
+        self.publisher.publish_nowait(
+            *turn_chunk_event(self.task.task_id, self.context.run_id, request, seq, text, 0)
+        )
+        self._next_seq[label] = self._base_seq[label] = seq + 1
+        self.context.log.info(f"{TURN_LOG_PREFIX}{label}: tool {step.name} {call[:200]}")
+
     def on_result(self, result: TurnResult) -> None:
         label = turn_label(result)
         self._streamed.pop(label, None)
+        self._base_seq.pop(label, None)
         seq = self._next_seq.pop(label, 0)
         self.publisher.publish_nowait(
             *turn_chunk_event(self.task.task_id, self.context.run_id, result, seq, "", 0, result.status)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from ..domain.models import Constraints, Role, Task
+from ..domain.models import Constraints, RepoSpec, Role, Task
 
 EXIT_USAGE = 2
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -57,7 +57,7 @@ def _example(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 def task_options(command: Callable) -> Callable:
     """The task's fields as arguments, with the domain Task's defaults and descriptions; the
     values are checked by the Task itself when the verb builds it."""
-    task, constraints = Task.model_fields, Constraints.model_fields
+    task, constraints, repo = Task.model_fields, Constraints.model_fields, RepoSpec.model_fields
 
     def field(info, **kwargs) -> dict:
         return {"default": info.default, "show_default": True, "help": info.description, **kwargs}
@@ -96,6 +96,13 @@ def task_options(command: Callable) -> Callable:
             help="'CALL => EXPECTED', e.g. 'add(2, 3) => 5'; repeatable.",
         ),
         click.option("--task-id", help=task["task_id"].description + " Default: generated."),
+        click.option("--repo", "repo_url", help="A repository task: " + repo["url"].description),
+        click.option("--ref", help=repo["ref"].description + " Default: HEAD (with --repo)."),
+        click.option(
+            "--test-command",
+            help=repo["test_command"].description + f" Default: {repo['test_command'].default}.",
+        ),
+        click.option("--subdir", help=repo["subdir"].description),
     ]
     for option in reversed(options):
         command = option(command)
@@ -119,4 +126,19 @@ def task_fields(options: dict) -> tuple[str, dict]:
         **timeout,
         "tests": tests.read_text() if tests else "",
         "examples": options["example"],
+        **_repo_field(options),
     }
+
+
+def _repo_field(options: dict) -> dict:
+    """`repo` from --repo/--ref/--test-command/--subdir (a local path made absolute: the run's
+    process may start elsewhere)."""
+    given = {k: options.get(k) for k in ("ref", "test_command", "subdir") if options.get(k)}
+    if not options.get("repo_url"):
+        if given:
+            raise click.UsageError(f"--{next(iter(given)).replace('_', '-')} needs --repo")
+        return {}
+    url = options["repo_url"]
+    if "://" not in url and Path(url).exists():
+        url = str(Path(url).resolve())
+    return {"repo": {"url": url, **given}}

@@ -40,7 +40,13 @@ EXIT_WAIT_EXPIRED = 4
     is_flag=True,
     help="print each turn as it finishes (queue wait, service time) until a final status (--wait limits it)",
 )
-def result(task_id: str, as_json: bool, wait: float, follow: bool) -> None:
+@click.option(
+    "--patch",
+    "patch_only",
+    is_flag=True,
+    help="a repository task: write only the winning patch (a unified diff) to stdout, e.g. > fix.diff",
+)
+def result(task_id: str, as_json: bool, wait: float, follow: bool, patch_only: bool) -> None:
     from ..history.task_result import TERMINAL, stored_result
     from ..settings import FleetSettings
 
@@ -52,7 +58,12 @@ def result(task_id: str, as_json: bool, wait: float, follow: bool) -> None:
         from ..events.outbox import Outbox
 
         found = found.model_copy(update={"events_pending": Outbox(settings.outbox).pending(found.run_id)})
-    if as_json:
+    if patch_only:
+        if not found.winner_patch:
+            click.echo(f"fleet result: task {task_id} ({found.status.value}) has no winning patch", err=True)
+            sys.exit(EXIT_RESULT[found.status.value] or 1)
+        click.echo(found.winner_patch, nl=False)
+    elif as_json:
         click.echo(found.model_dump_json(indent=2))
     else:
         click.echo(f"task {found.task_id}: {found.status.value} (from {found.source})\n  {found.detail}")

@@ -10,7 +10,16 @@ import click
 
 from .common import EXIT_USAGE, echo_decision, task_fields, task_options
 
-SUMMARY_FIELDS = {"status", "winner_id", "ranking", "reasons", "winner_content"}
+SUMMARY_FIELDS = {
+    "status",
+    "winner_id",
+    "ranking",
+    "reasons",
+    "winner_content",
+    "winner_patch",
+    "base_commit",
+    "pushed_branch",
+}
 
 
 def progress_logger(init_context) -> logging.Logger:
@@ -101,4 +110,9 @@ def run(as_json: bool, verbose: bool, **options) -> None:
         click.echo(f"status: {decision.status.value}")
         ranking = [r.model_dump() for r in decision.ranking]
         echo_decision(decision.winner_id, ranking, decision.reasons, decision.winner_content)
+        if decision.winner_patch:
+            pushed = f", pushed as {decision.pushed_branch}" if decision.pushed_branch else ""
+            click.echo(
+                f"\npatch on {decision.base_commit[:12]}{pushed}: `fleet result {task_id} --patch > fix.diff`"
+            )
     sys.exit(0 if decision.status.value in ("COMPLETED", "PARTIAL") else 1)

@@ -71,6 +71,7 @@ async def execute_turn(
                 request.stop,
                 request.response_schema,
                 collect,
+                **({"tools": request.tools} if request.tools else {}),
             )
     except TimeoutError:
         result = TurnResult.unfinished(

@@ -26,6 +26,9 @@ class Decision(BaseModel):
     timed_out_agents: list[str]
     winner_content: str = ""  # the winning proposal's final version
     winner_not_run: list[str] = []  # the winner's checks that could not run (no sandbox), with why
+    winner_patch: str = ""  # a repository task: the winning unified diff (full)
+    base_commit: str = ""  # a repository task: the commit the patch applies to
+    pushed_branch: str = ""  # the branch `decision_events` pushed the patch as (in the outcome event)
 
 
 def quorum_for(num_agents: int, quorum: int | None = None) -> int:

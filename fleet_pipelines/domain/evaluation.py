@@ -27,7 +27,7 @@ from enum import StrEnum
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from .models import Role
+from .models import Role, TurnResult
 from .scoring import extract_code_blocks
 
 _PYTHON_LANGS = frozenset({"", "python", "py", "python3"})
@@ -72,6 +72,11 @@ class Problem(BaseModel):
     entry_point: str = Field(description="Name of the function the hidden test calls.")
     test: str = Field(description="Hidden test source defining check(candidate); never shown to agents.")
     canonical_solution: str = Field(description="Reference body completing the prompt (harness check).")
+    repo_case: str = Field(
+        default="",
+        description="A repository problem: the generated repository (evaluation.repo_suite); the prompt "
+        "is the task, `test` the hidden tests, `canonical_solution` the fixing patch.",
+    )
 
 
 def parse_examples(problem: Problem) -> list[Example]:
@@ -217,7 +222,7 @@ def budget_prefix(token_costs: Sequence[int], budget: int) -> int:
 
 
 class ArmOutcome(BaseModel):
-    """One arm on one problem."""
+    """One arm on one problem (`arm_outcome`)."""
 
     problem_id: str
     arm: Arm
@@ -421,3 +426,20 @@ def drops(previous: dict[Arm, float], current: dict[Arm, float], tolerance: floa
         for arm in Arm
         if arm in previous and arm in current and previous[arm] - current[arm] > tolerance + 1e-12
     ]
+
+
+def arm_outcome(
+    problem_id: str, arm: Arm, candidates: list[Candidate], turns: Sequence[TurnResult], wall_s: float
+) -> ArmOutcome:
+    """What one arm did on a problem: its candidates, the one selected, and what its turns cost."""
+    return ArmOutcome(
+        problem_id=problem_id,
+        arm=arm,
+        candidates=candidates,
+        selected=select(candidates),
+        tokens_in=sum(t.tokens_in for t in turns),
+        tokens_out=sum(t.tokens_out for t in turns),
+        calls=len(turns),
+        failed_calls=sum(not t.ok for t in turns),
+        wall_s=round(wall_s, 3),
+    )

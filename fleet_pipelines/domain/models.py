@@ -23,6 +23,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from .context import StoryContext
+from .tools import ToolStep
 
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 MAX_DESCRIPTION_CHARS = 8_000
@@ -131,6 +132,66 @@ class Constraints(BaseModel):
     )
 
 
+MAX_REPO_URL_CHARS = 2_000
+MAX_COMMAND_CHARS = 1_000
+GIT_REF_PATTERN = r"^[A-Za-z0-9._/@{}^~+-]{1,256}$"
+
+
+def _no_credentials(url: str) -> str:
+    """A repository URL never carries a secret: a token comes from the environment (`repos.token_env`)."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest.split("/", 1)[0] and scheme.lower() in ("http", "https"):
+        raise ValueError(
+            "the repository URL must not carry credentials; give a private remote's token in the "
+            "environment variable the deployment names (FLEET_GIT_TOKEN by default)"
+        )
+    return url
+
+
+def _relative_path(path: str) -> str:
+    """A folder inside the repository: relative, without `..`."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if path.startswith("/") or ".." in parts:
+        raise ValueError(f"{path!r} must be a folder inside the repository (relative, no '..')")
+    return "/".join(parts)
+
+
+class RepoSpec(BaseModel):
+    """The repository a council changes: where it is, which commit, and how its tests run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: Annotated[str, AfterValidator(_no_credentials)] = Field(
+        min_length=1,
+        max_length=MAX_REPO_URL_CHARS,
+        description="Any git URL (https://, ssh://, file://) or a local path to a git repository.",
+    )
+    ref: str = Field(
+        default="HEAD",
+        pattern=GIT_REF_PATTERN,
+        description="Branch, tag or commit; the commit it resolves to is recorded by the workspace.",
+    )
+    subdir: Annotated[str, AfterValidator(_relative_path)] = Field(
+        default="",
+        max_length=256,
+        description="Where the project lies inside the repository (tests run there); empty: the root.",
+    )
+    test_command: str = Field(
+        default="python -m pytest -q",
+        min_length=1,
+        max_length=MAX_COMMAND_CHARS,
+        description="The repository's test command, an argv (shell-split, no shell features); run "
+        "in the sandbox in a copy of the workspace.",
+    )
+    setup_command: str = Field(
+        default="",
+        max_length=MAX_COMMAND_CHARS,
+        description="Extra pip requirement specifiers installed into the workspace's environment "
+        "besides the repository's declared dependencies (the one step that may use the network).",
+    )
+    submodules: bool = Field(default=False, description="Check out the repository's submodules too.")
+
+
 class Task(BaseModel):
     """One deliberation: a description, the council's role and size, and its constraints."""
 
@@ -146,6 +207,10 @@ class Task(BaseModel):
         default=1, ge=0, le=MAX_ROUNDS, description=f"Review rounds after the proposals (0-{MAX_ROUNDS})."
     )
     constraints: Constraints = Field(default_factory=Constraints)
+    repo: RepoSpec | None = Field(
+        default=None,
+        description="A repository the council changes: proposals are patches scored by its own tests.",
+    )
     story_id: str | None = Field(default=None, max_length=256, description="Story the task belongs to.")
     plan_id: str | None = Field(default=None, max_length=256, description="Plan the task belongs to.")
     story_title: str | None = Field(
@@ -165,6 +230,11 @@ class Task(BaseModel):
         default_factory=StoryContext,
         description="The story's context as the prompts show it: assembled by the `story_context` "
         "asset, never part of a task's flat form.",
+    )
+    workspace_view: str = Field(
+        default="",
+        description="A repository task's workspace as the prompts show it (commit, baseline tests, "
+        "files): assembled by the `workspace` asset, never part of a task's flat form.",
     )
 
     @model_validator(mode="after")
@@ -195,11 +265,12 @@ class Task(BaseModel):
 
     def fields(self) -> dict[str, Any]:
         """The flat form (JSON values) without the task id: what `from_fields` reads back."""
-        flat = self.model_dump(mode="json", exclude={"task_id", "constraints", "context"})
+        flat = self.model_dump(mode="json", exclude={"task_id", *ASSEMBLED_FIELDS})
         return {**flat, **self.constraints.model_dump(mode="json")}
 
 
 CONSTRAINT_FIELDS = frozenset(Constraints.model_fields)
+ASSEMBLED_FIELDS = ("constraints", "context", "workspace_view")  # not fields of the flat form
 OLD_CONSTRAINTS = ("rubric", "requirements", "metadata", "max_iterations", "timeout_seconds")
 """What the old system's task carried under `constraints` (its planners still send that shape)."""
 
@@ -256,7 +327,7 @@ def flat_task_fields() -> dict[str, tuple[Any, FieldInfo]]:
     fields = {
         name: (info.annotation, info)
         for name, info in Task.model_fields.items()
-        if name not in ("task_id", "constraints", "context")
+        if name not in ("task_id", *ASSEMBLED_FIELDS)
     }
     fields.update({name: (info.annotation, info) for name, info in Constraints.model_fields.items()})
     return fields
@@ -297,6 +368,7 @@ class TurnRequest(BaseModel):
     target_agent_id: str | None = None  # for a critique: whose proposal is critiqued
     response_schema: dict | None = None  # JSON schema the reply must follow (engine-enforced)
     stop: list[str] = Field(default_factory=list)  # stop sequences (the engine ends the reply there)
+    tools: list[dict] | None = None  # OpenAI `tools` (an engine with tool calling); None: text protocol
 
 
 class TurnResult(BaseModel):
@@ -322,6 +394,9 @@ class TurnResult(BaseModel):
     attempts: int = 1  # 0: never sent (it could not start before the deadline)
     error: str | None = None
     error_type: str | None = None
+    tool_steps: list[ToolStep] = Field(default_factory=list)  # the turn's tool calls and results, in order
+    engine_calls: int = 1  # engine calls of the turn (1 + one per round of tool calls)
+    tool_ms: float = 0.0  # sandbox time of the turn's tool calls
 
     @property
     def ok(self) -> bool:

@@ -52,13 +52,25 @@ def _task_block(task: Task) -> str:
     if task.constraints.metadata:
         lines = "\n".join(f"{k}: {v}" for k, v in task.constraints.metadata.items())
         text += f"\n\nAdditional context:\n{lines}"
+    if task.workspace_view:
+        text += f"\n\n{task.workspace_view}"
     return text
+
+
+PATCH_INSTRUCTION = (
+    "Give your reasoning briefly, then the change as ONE unified diff in a ```diff block, as "
+    "`git diff` prints it: paths relative to the repository root with a/ and b/ prefixes, hunks "
+    "with @@ headers and three lines of context. The diff is applied with `git apply` and judged "
+    "by the repository's tests."
+)
 
 
 def proposal_messages(task: Task, agent: AgentSpec) -> list[Message]:
     sections = "\n".join(f"{i}. {s}" for i, s in enumerate(PROPOSAL_SECTIONS, start=1))
     user = (
-        f"{_task_block(task)}\n\nWrite your proposal with these sections:\n{sections}\n"
+        f"{_task_block(task)}\n\n{PATCH_INSTRUCTION}"
+        if task.repo is not None
+        else f"{_task_block(task)}\n\nWrite your proposal with these sections:\n{sections}\n"
         "Put any code in fenced code blocks with the language named."
     )
     return [
@@ -111,8 +123,12 @@ def revision_messages(
     user = (
         f"{_task_block(task)}\n\nYour current proposal:\n\n{own_proposal}\n\n"
         f"Your peers critiqued it:\n\n{received}\n\n{checked}"
-        "Write your revised proposal in full, fixing what the critiques got right, with the same "
-        "sections and fenced code blocks."
+        + (
+            f"Write your revised patch in full, fixing what the critiques got right. {PATCH_INSTRUCTION}"
+            if task.repo is not None
+            else "Write your revised proposal in full, fixing what the critiques got right, with the same "
+            "sections and fenced code blocks."
+        )
     )
     return [
         Message(role="system", content=system_prompt(task, author)),

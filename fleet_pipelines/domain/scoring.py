@@ -77,6 +77,11 @@ class ScoringWeights(BaseModel):
     requirement_coverage: float = Field(default=0.15, ge=0, description="Share of requirements met.")
     sections: float = Field(default=0.05, ge=0, description="Share of requested sections addressed.")
     judge: float = Field(default=0.10, ge=0, description="LLM judge's rubric score / 10.")
+    patch_applies: float = Field(
+        default=0.10,
+        ge=0,
+        description="A repository task's patch applies (`git apply --check`) to its commit.",
+    )
 
 
 class CodeBlock(BaseModel):
@@ -119,7 +124,7 @@ class ProposalScore(BaseModel):
         return [f"{c.name} not run: {c.evidence}" for c in self.checks if c.not_run]
 
 
-GATE_CHECKS = ("code_parses", "runs", "tests")
+GATE_CHECKS = ("code_parses", "runs", "patch_applies", "tests")
 
 
 def gate_failures(score: ProposalScore) -> list[str]:

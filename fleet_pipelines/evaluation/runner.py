@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import ray
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..dispatch.ray_dispatch import AnyEngineSettings, DispatchSettings, RayTurnDispatcher
 from ..domain import evaluation as ev
 from ..domain.council import CouncilSettings, build_council
-from ..domain.deliberation import current_versions, proposal_requests, review_rounds
+from ..domain.deliberation import CodeChecker, current_versions, proposal_requests, review_rounds
 from ..domain.models import (
     MAX_EXAMPLES,
     AgentSpec,
@@ -34,6 +35,7 @@ from ..domain.models import (
 from ..domain.scoring import CheckResult, ScoringWeights, score_proposal
 from ..scoring.checks import execution_checks
 from ..scoring.sandbox import SandboxLimits, run_tests
+from ..workspace.runs import RepoRunLimits
 
 # Tuned on the development split (HumanEval 0-39) only: asking for the whole function first made
 # SmolLM2-135M put a defining code block in 10/10 answers on problems 0-9.
@@ -121,17 +123,15 @@ class CandidateJudge:
         self, arm: ev.Arm, turns: Sequence[TurnResult], finals: Sequence[TurnResult], wall_s: float
     ) -> ev.ArmOutcome:
         candidates = [self.candidate(t) for t in finals]
-        return ev.ArmOutcome(
-            problem_id=self.problem.problem_id,
-            arm=arm,
-            candidates=candidates,
-            selected=ev.select(candidates),
-            tokens_in=sum(t.tokens_in for t in turns),
-            tokens_out=sum(t.tokens_out for t in turns),
-            calls=len(turns),
-            failed_calls=sum(not t.ok for t in turns),
-            wall_s=round(wall_s, 3),
-        )
+        return ev.arm_outcome(self.problem.problem_id, arm, candidates, turns, wall_s)
+
+
+class Judge(Protocol):
+    """What the arms need of a problem's judge (`CandidateJudge`, `repo_problems.RepoJudge`)."""
+
+    def outcome(
+        self, arm: ev.Arm, turns: Sequence[TurnResult], finals: Sequence[TurnResult], wall_s: float
+    ) -> ev.ArmOutcome: ...
 
 
 def _tokens(turn: TurnResult) -> int:
@@ -165,8 +165,31 @@ def feedback_checker(problem: ev.Problem, task: Task, limits: SandboxLimits):
 def evaluate_problem(
     problem: ev.Problem, settings: EvaluationSettings, engine: AnyEngineSettings, dispatch: DispatchSettings
 ) -> list[ev.ArmOutcome]:
-    """Arms A, D (whose round 0 is C's proposals), E, then B at D's token budget, on one problem."""
+    """Arms A, D (whose round 0 is C's proposals), E, then B at D's token budget, on one problem
+    (a repository problem: in its workspace, candidates judged by their patches)."""
+    if problem.repo_case:
+        from .repo_problems import RepoJudge, problem_workspace, repo_task
+
+        limits = RepoRunLimits()
+        with problem_workspace(problem, limits) as workspace:
+            task = repo_task(
+                problem, workspace, settings.num_agents, settings.rounds, settings.problem_timeout_s
+            )
+            judge = RepoJudge(problem, task, workspace, limits, settings.weights)
+            return _arms(task, settings, engine, dispatch, judge, judge.feedback())
     task = problem_task(problem, settings)
+    judge = CandidateJudge(problem, task, settings)
+    return _arms(task, settings, engine, dispatch, judge, feedback_checker(problem, task, settings.sandbox))
+
+
+def _arms(
+    task: Task,
+    settings: EvaluationSettings,
+    engine: AnyEngineSettings,
+    dispatch: DispatchSettings,
+    judge: Judge,
+    check_code: CodeChecker,
+) -> list[ev.ArmOutcome]:
     m = settings.max_tokens
     council_settings = CouncilSettings(
         temperature=settings.temperature, propose_max_tokens=m, critique_max_tokens=m, revise_max_tokens=m
@@ -174,7 +197,6 @@ def evaluate_problem(
     agents = build_council(task.role, task.num_agents, council_settings)
     baseline = agents[0]
     run_turns = RayTurnDispatcher(engine, dispatch, deadline=time.time() + settings.problem_timeout_s)
-    judge = CandidateJudge(problem, task, settings)
 
     start = time.perf_counter()
     greedy = run_turns(
@@ -195,9 +217,7 @@ def evaluate_problem(
     start = time.perf_counter()
     fed_settings = council_settings.model_copy(update={"execution_feedback": True})
     fed = run_turns(proposal_requests(task, agents, fed_settings))
-    fed_history = review_rounds(
-        task, agents, fed_settings, fed, run_turns, feedback_checker(problem, task, settings.sandbox)
-    )
+    fed_history = review_rounds(task, agents, fed_settings, fed, run_turns, check_code)
     fed_turns = [*fed, *fed_history]
     fed_latest = current_versions(fed_turns)
     fed_finals = [fed_latest.get(p.agent_id, p) for p in fed]

@@ -19,6 +19,7 @@ from typing import Literal
 from ..domain.evaluation import Problem
 from ..domain.models import Role
 from .fleet_suite import FLEET_TASKS
+from .repo_suite import REPO_CASES
 
 Split = Literal["dev", "test", "all"]
 
@@ -28,9 +29,11 @@ class Suite:
     name: str
     load: Callable[[], list[Problem]]
     dev_size: int  # problems [0, dev_size) form the development split
+    parts: tuple[Suite, ...] = ()  # a combined suite ("humaneval,repos"): each sampled on its own
 
     def split_of(self, problem: Problem) -> Literal["dev", "test"]:
-        return "dev" if problem.index < self.dev_size else "test"
+        part = next((p for p in self.parts if p.name == problem.suite), self)
+        return "dev" if problem.index < part.dev_size else "test"
 
 
 @cache
@@ -60,17 +63,42 @@ def load_fleet() -> list[Problem]:
     ]
 
 
+@cache
+def load_repos() -> list[Problem]:
+    """The generated repositories: a real bug each, a failing visible test, hidden tests."""
+    return [
+        Problem(
+            suite="repos",
+            problem_id=f"repos/{case.name}",
+            index=i,
+            role=Role.DEV,
+            prompt=case.description,
+            entry_point="",
+            test=case.hidden_tests,
+            canonical_solution=case.fix,
+            repo_case=case.name,
+        )
+        for i, case in enumerate(REPO_CASES)
+    ]
+
+
 SUITES: dict[str, Suite] = {
     "humaneval": Suite("humaneval", load_humaneval, dev_size=40),
     "fleet": Suite("fleet", load_fleet, dev_size=0),
+    "repos": Suite("repos", load_repos, dev_size=0),
 }
 
 
 def get_suite(name: str) -> Suite:
-    try:
-        return SUITES[name]
-    except KeyError:
-        raise ValueError(f"unknown suite {name!r}; known: {', '.join(SUITES)}") from None
+    """A suite by name, or several joined by commas (each sampled on its own)."""
+    names = [n.strip() for n in name.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SUITES]
+    if unknown or not names:
+        raise ValueError(f"unknown suite {name!r}; known: {', '.join(SUITES)} (or several, comma-separated)")
+    if len(names) == 1:
+        return SUITES[names[0]]
+    parts = tuple(SUITES[n] for n in names)
+    return Suite(",".join(names), lambda: [p for part in parts for p in part.load()], 0, parts)
 
 
 def sample_problems(
@@ -82,6 +110,8 @@ def sample_problems(
 ) -> list[Problem]:
     """Explicit `problem_ids` if given; otherwise `sample_size` problems of the split drawn with
     `seed` (0 or more than the split: all of it), in suite order."""
+    if suite.parts and not problem_ids:
+        return [p for part in suite.parts for p in sample_problems(part, split, sample_size, seed)]
     problems = suite.load()
     if problem_ids:
         by_id = {p.problem_id: p for p in problems}

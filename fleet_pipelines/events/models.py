@@ -201,6 +201,15 @@ class DeliberationOutcome(BaseModel):
     reasons: list[str] = Field(default_factory=list, description="Why this status and winner.")
     duration_ms: float = Field(description="Run start to decision.")
     run_id: str = Field(description="Dagster run id.")
+    patch: str | None = Field(
+        default=None,
+        description="A repository task: the winning unified diff, inline up to 16,000 characters "
+        "(the whole patch: `fleet result TASK_ID --patch`).",
+    )
+    patch_truncated: bool = Field(default=False, description="The inline patch is cut at a line end.")
+    patch_chars: int = Field(default=0, description="Length of the whole winning patch.")
+    base_commit: str | None = Field(default=None, description="A repository task: the commit patched.")
+    pushed_branch: str | None = Field(default=None, description="Branch the winning patch was pushed as.")
 
 
 class PlanningRejected(BaseModel):

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from ..domain.decision import Decision
 from ..domain.models import DeliberationStatus, Task, TurnKind, TurnRequest, TurnResult, TurnStatus
+from ..domain.workspace import bounded_patch
 from .models import (
     AgentResponse,
     DecisionRecord,
@@ -231,7 +232,22 @@ def decision_outcome(task: Task, decision: Decision, run_id: str, duration_ms: f
         reasons=decision.reasons,
         duration_ms=duration_ms,
         run_id=run_id,
+        **_patch_fields(decision),
     )
+
+
+def _patch_fields(decision: Decision) -> dict:
+    """A repository task's winning patch as the event carries it: size-bounded inline."""
+    if not decision.winner_patch:
+        return {}
+    inline, truncated = bounded_patch(decision.winner_patch)
+    return {
+        "patch": inline,
+        "patch_truncated": truncated,
+        "patch_chars": len(decision.winner_patch),
+        "base_commit": decision.base_commit or None,
+        "pushed_branch": decision.pushed_branch or None,
+    }
 
 
 def outcome_events(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import dagster as dg
 from pydantic import BaseModel, Field
@@ -25,6 +26,7 @@ class RetentionReport(BaseModel):
     removed: list[str] = Field(default_factory=list, description="Task ids removed, oldest first.")
     removed_by_day: dict[str, int] = Field(default_factory=dict, description="Removed, per decision day.")
     files_removed: int = Field(default=0, description="Stored asset values deleted.")
+    workspaces_removed: int = Field(default=0, description="Repository tasks' workspace folders deleted.")
     not_logged: list[str] = Field(
         default_factory=list, description="Expired but not in the decision log yet: kept for a later run."
     )
@@ -37,7 +39,7 @@ class RetentionReport(BaseModel):
         cutoff = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.cutoff))
         return (
             f"removed {len(self.removed)} deliberations decided before {cutoff} UTC "
-            f"({self.files_removed} files); "
+            f"({self.files_removed} files, {self.workspaces_removed} workspaces); "
             f"kept {len(self.not_logged)} not yet in the decision log and {self.undecided} undecided; "
             f"examined {self.examined}"
         )
@@ -63,9 +65,11 @@ def expire(
     assets: list[str],
     max_age_s: float,
     now: float | None = None,
+    remove_workspace: Callable[[str], bool] | None = None,
 ) -> RetentionReport:
-    """Removes the partitions (and the stored values of `assets`) whose latest decision is older than
-    `max_age_s` and whose row (task id, run id) is in that day's decision log."""
+    """Removes the partitions (and the stored values of `assets`, and with `remove_workspace` a
+    repository task's workspace) whose latest decision is older than `max_age_s` and whose row
+    (task id, run id) is in that day's decision log."""
     report = RetentionReport(cutoff=(now if now is not None else time.time()) - max_age_s)
     logs: dict[str, set[tuple[str, str]]] = {}
     by_day: Counter[str] = Counter()
@@ -107,6 +111,8 @@ def expire(
                 continue
             for asset in assets:  # files first: a crash in between leaves no orphan file
                 report.files_removed += _delete(stored_path(base_path, asset, key))
+            if remove_workspace is not None:
+                report.workspaces_removed += remove_workspace(key)
             removable.append(key)
             by_day[day] += 1
         delete_dynamic_partitions(instance, partitions_def_name, removable)

@@ -19,6 +19,7 @@ from ..domain.councils import Convened
 from ..domain.decision import Decision
 from ..domain.models import Task, TurnResult, safe_partition_key
 from ..domain.scoring import ProposalScore
+from ..domain.workspace import Workspace
 
 
 class StoredValueError(ValueError):
@@ -27,7 +28,7 @@ class StoredValueError(ValueError):
 
 # Every model an asset stores, by name (the name written in the file).
 STORED_MODELS: dict[str, type[BaseModel]] = {
-    m.__name__: m for m in (Task, StoryContext, Convened, TurnResult, ProposalScore, Decision)
+    m.__name__: m for m in (Task, StoryContext, Workspace, Convened, TurnResult, ProposalScore, Decision)
 }
 
 

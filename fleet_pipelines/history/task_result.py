@@ -46,6 +46,7 @@ class TaskResult(BaseModel):
     ranking: list[dict] = Field(default_factory=list, description="Agents by score.")
     reasons: list[str] = Field(default_factory=list, description="Why this status and winner.")
     winner_content: str | None = Field(default=None, description="The winning proposal.")
+    winner_patch: str | None = Field(default=None, description="A repository task: the winning unified diff.")
     events_pending: int = Field(
         default=0, description="Events of the run kept while NATS was unreachable, not yet published."
     )
@@ -62,6 +63,7 @@ def from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
         ranking=[r.model_dump() for r in decision.ranking],
         reasons=decision.reasons,
         winner_content=decision.winner_content or None,
+        winner_patch=decision.winner_patch or None,
     )
 
 

@@ -29,6 +29,7 @@ import openai
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..domain.models import Message
+from ..domain.tools import render_call
 from .settings import EngineSettings
 
 OnText = Callable[[str], None]
@@ -139,9 +140,12 @@ class ChatEngine:
         stop: list[str] | None = None,
         response_schema: dict | None = None,
         on_text: OnText | None = None,
+        tools: list[dict] | None = None,
     ) -> Completion:
         """One streamed chat completion; with `response_schema` the engine constrains the reply to
-        that JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM guided decoding)."""
+        that JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM guided decoding).
+        With `tools` (OpenAI tool calling) the calls the engine returns are written into the reply
+        in the text protocol's form (`domain.tools.render_call`), so one parser reads both."""
         s = self.settings
         attempts = 0
         retrying = AsyncRetrying(
@@ -155,7 +159,7 @@ class ChatEngine:
                 with attempt:
                     attempts += 1
                     return await self._attempt(
-                        messages, temperature, max_tokens, stop, response_schema, on_text, attempts
+                        messages, temperature, max_tokens, stop, response_schema, on_text, attempts, tools
                     )
         except _Streamed as exc:
             raise EngineError(
@@ -176,7 +180,9 @@ class ChatEngine:
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    async def _attempt(self, messages, temperature, max_tokens, stop, response_schema, on_text, attempts):
+    async def _attempt(
+        self, messages, temperature, max_tokens, stop, response_schema, on_text, attempts, tools
+    ):
         s = self.settings
         response_format = (
             {
@@ -194,6 +200,7 @@ class ChatEngine:
             max_tokens=max_tokens,
             stop=stop or openai.NOT_GIVEN,
             response_format=response_format,
+            tools=tools or openai.NOT_GIVEN,
             stream=True,
             stream_options={"include_usage": True},
         )
@@ -204,6 +211,7 @@ class ChatEngine:
                 "FirstTokenTimeout", f"no answer for {s.first_token_timeout_s:.0f} s", attempts
             ) from None
         parts: list[str] = []
+        calls: dict[int, list[str]] = {}  # streamed tool calls by index: name, then argument pieces
         first_token_ms = 0.0
         model, tokens_in, tokens_out = s.model, 0, 0
         async with stream:  # leaving the block (error, cancel, deadline) closes the response
@@ -226,13 +234,24 @@ class ChatEngine:
                 model = chunk.model or model
                 if chunk.usage:
                     tokens_in, tokens_out = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
-                text = chunk.choices[0].delta.content if chunk.choices else None
+                delta = chunk.choices[0].delta if chunk.choices else None
+                for call in (delta.tool_calls or []) if delta is not None else []:
+                    pieces = calls.setdefault(call.index, ["", ""])
+                    if call.function is not None:
+                        pieces[0] += call.function.name or ""
+                        pieces[1] += call.function.arguments or ""
+                text = delta.content if delta is not None else None
                 if text:
                     if not parts:
                         first_token_ms = (time.perf_counter() - start) * 1000
                     parts.append(text)
                     if on_text is not None:
                         on_text(text)
+        for name, arguments in (calls[i] for i in sorted(calls)):
+            rendered = "\n" + render_call(name, arguments)
+            parts.append(rendered)
+            if on_text is not None:
+                on_text(rendered)
         return Completion(
             content="".join(parts),
             model=model,

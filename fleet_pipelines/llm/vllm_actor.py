@@ -61,13 +61,17 @@ class VLLMEngineActor:
         max_tokens: int,
         stop: list[str] | None = None,
         response_schema: dict | None = None,
+        tools: list[dict] | None = None,
     ):
         """One request in the running batch, yielded as text deltas; a final item carries the token
-        counts. Cancelling the call (the admission queue abandons the turn) aborts the request."""
+        counts. Cancelling the call (the admission queue abandons the turn) aborts the request.
+        `tools` (OpenAI form) go to the model's chat template; its calls come back as its text."""
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
+        )
         params = SamplingParams(
             temperature=temperature,
             max_tokens=max_tokens,
@@ -139,6 +143,7 @@ class VLLMActorEngine:
         stop: list[str] | None = None,
         response_schema: dict | None = None,
         on_text: OnText | None = None,
+        tools: list[dict] | None = None,
     ) -> Completion:
         s = self.settings
         try:
@@ -147,7 +152,7 @@ class VLLMActorEngine:
                 self._loaded = True
             start = time.perf_counter()
             deltas = self._actor.stream.options(num_returns="streaming").remote(
-                [m.model_dump() for m in messages], temperature, max_tokens, stop, response_schema
+                [m.model_dump() for m in messages], temperature, max_tokens, stop, response_schema, tools
             )
         except (RayError, TimeoutError) as exc:
             raise EngineError(type(exc).__name__, f"vLLM engine actor not available: {exc}", 1) from exc

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field
 
+from ..workspace.prepare import remove_task_workspaces, workspaces_root
+
 
 class HistoryResource(dg.ConfigurableResource):
     """The storage the IO managers write to, read and pruned by the decision log and retention."""
@@ -15,3 +17,12 @@ class HistoryResource(dg.ConfigurableResource):
         description="Decided deliberations older than this leave the partition set once they are in "
         "the decision log (FLEET_RETENTION_SECONDS, alias DELIBERATION_CLEANUP).",
     )
+    workspaces_dir: str = Field(
+        default="",
+        description="Repository tasks' workspaces (FLEET_WORKSPACES_DIR; default `<tmp>/fleet-workspaces`): "
+        "an expired task's are removed with it.",
+    )
+
+    def remove_workspace(self, task_id: str) -> bool:
+        """Deletes an expired task's workspaces (False: it had none)."""
+        return remove_task_workspaces(workspaces_root(self.workspaces_dir), task_id)

@@ -31,6 +31,7 @@ def expire_deliberations(context: dg.OpExecutionContext, history: HistoryResourc
         DELIBERATION_PARTITIONS,
         STORED_ASSETS,
         history.max_age_seconds,
+        remove_workspace=history.remove_workspace,
     )
     context.log.info(report.summary())
     shown = report.removed[:REPORT_LIMIT]
@@ -41,6 +42,7 @@ def expire_deliberations(context: dg.OpExecutionContext, history: HistoryResourc
             "summary": report.summary(),
             "removed": len(report.removed),
             "files_removed": report.files_removed,
+            "workspaces_removed": report.workspaces_removed,
             "not_logged": len(report.not_logged),
             "removed_by_day": dg.MetadataValue.json(report.removed_by_day),
             "removed_tasks": dg.MetadataValue.md("\n".join(f"- {t}" for t in shown) + more or "_none_"),

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..domain.deliberation import TurnRunner
+from ..domain.deliberation import CodeChecker, TurnRunner
 from ..domain.models import AgentSpec, Task, TurnKind, TurnRequest, TurnResult
 from ..domain.scoring import (
     JUDGE_SCHEMA,
@@ -38,7 +38,7 @@ JUDGE_AGENT_ID = "judge"
 _EXCERPT = 1_500
 
 
-def _ruff() -> str | None:
+def ruff_binary() -> str | None:
     beside = Path(sys.executable).with_name("ruff")
     return str(beside) if beside.exists() else shutil.which("ruff")
 
@@ -46,7 +46,7 @@ def _ruff() -> str | None:
 def ruff_issues(code: str) -> tuple[list[dict] | None, str]:
     """ruff's findings on the code (None when ruff could not run or its output is unreadable), and
     what was run or why not."""
-    ruff = _ruff()
+    ruff = ruff_binary()
     if ruff is None:
         return None, "not run: ruff is not installed"
     argv = [ruff, "check", "--isolated", "--select", RUFF_RULES, "--output-format", "json"]
@@ -213,13 +213,17 @@ def score_finals(
     limits: SandboxLimits,
     run_turns: TurnRunner,
     judge_max_tokens: int,
+    check_code: CodeChecker | None = None,
 ) -> list[ProposalScore]:
-    """Every final proposal scored, in council order; judge turns go to the engine as one batch."""
+    """Every final proposal scored, in council order; judge turns go to the engine as one batch.
+    `check_code`: the checks that run the proposal (default `execution_checks` under `limits`;
+    a repository task's patch checks)."""
     ordered = {a.agent_id: finals[a.agent_id] for a in council if a.agent_id in finals}
     verdicts = {r.target_agent_id: r for r in run_turns(judge_requests(task, ordered, judge_max_tokens))}
     scored = []
     for agent_id, final in ordered.items():
-        tool_checks = [*execution_checks(task, final.content, limits), judge_check(verdicts.get(agent_id))]
+        ran = check_code(task, final.content) if check_code else execution_checks(task, final.content, limits)
+        tool_checks = [*ran, judge_check(verdicts.get(agent_id))]
         scored.append(score_proposal(task, final, weights, tool_checks))
     return scored
 

@@ -377,14 +377,9 @@ def _symlinked(path: str, args: list[str], made: set[str]) -> str:
     return str(current)
 
 
-def _python_binds(python: str, readable: bool) -> tuple[str, ...]:
-    """bwrap args that make the interpreter, its standard library and their shared libraries
-    visible read-only, at the paths the loader looks them up by, and nothing else of the host.
-    `readable`: each bound from a copy any uid can read where other users cannot read it."""
-    source = _readable_copy if readable else str
-    stdlib = sysconfig.get_paths()["stdlib"]
-    dynload = Path(stdlib) / "lib-dynload"
-    objects = [python, *map(str, dynload.glob("*.so"))]
+def _library_binds(objects: list[str], source, args: list[str], made: set[str]) -> None:
+    """Appends bwrap args binding read-only the shared libraries `objects` load (found by ldd),
+    at the paths the loader looks them up by."""
     ldd = shutil.which("ldd")
     libs: set[str] = set()
     if ldd:
@@ -396,18 +391,61 @@ def _python_binds(python: str, readable: bool) -> tuple[str, ...]:
                     libs.add(word)
     else:  # no ldd: the usual library dirs whole
         libs.update(d for d in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(d))
-    args: list[str] = []
-    made: set[str] = set()
     for lib in sorted(libs):
         real = os.path.realpath(lib)
         as_seen = os.path.join(_symlinked(os.path.dirname(lib), args, made), os.path.basename(lib))
         args += ["--ro-bind", source(real), as_seen]
+
+
+def _python_binds(python: str, readable: bool) -> tuple[str, ...]:
+    """bwrap args that make the interpreter, its standard library and their shared libraries
+    visible read-only, at the paths the loader looks them up by, and nothing else of the host.
+    `readable`: each bound from a copy any uid can read where other users cannot read it."""
+    source = _readable_copy if readable else str
+    stdlib = sysconfig.get_paths()["stdlib"]
+    dynload = Path(stdlib) / "lib-dynload"
+    args: list[str] = []
+    _library_binds([python, *map(str, dynload.glob("*.so"))], source, args, set())
     real_python = os.path.realpath(python)
     args += ["--ro-bind", source(real_python), real_python, "--ro-bind", source(stdlib), stdlib]
     site = Path(sysconfig.get_paths(vars={"base": sys.base_prefix})["purelib"])
     if site.is_dir() and str(site).startswith(stdlib):
         args += ["--perms", "0555", "--size", "4096", "--tmpfs", str(site)]  # no installed packages
     return tuple(args)
+
+
+MOUNT_ROOT = "/mnt"  # where `mounts` appear in the sandbox, read-only
+TOOL_DIR = "/fleet/bin"  # where `tools` appear in the sandbox, read-only, by their file names
+
+
+@functools.cache
+def _tool_binds(tools: tuple[str, ...], readable: bool) -> tuple[str, ...]:
+    """bwrap args binding host executables (git, ruff) read-only at TOOL_DIR/NAME, with the
+    shared libraries they load."""
+    source = _readable_copy if readable else str
+    real = [os.path.realpath(t) for t in tools]
+    args: list[str] = []
+    _library_binds(real, source, args, set())
+    for tool, path in zip(tools, real, strict=True):
+        args += ["--ro-bind", source(path), f"{TOOL_DIR}/{os.path.basename(tool)}"]
+    return tuple(args)
+
+
+def _mount_binds(setup: _Setup, mounts: dict[str, str]) -> list[str]:
+    """bwrap args binding host directories read-only under MOUNT_ROOT (`mounts`: name -> host
+    dir). As root the runs' uids must be able to read them: a clear error where they cannot."""
+    args: list[str] = []
+    for name, host in mounts.items():
+        if not name.isidentifier():
+            raise ValueError(f"sandbox mount name must be an identifier: {name!r}")
+        if not os.path.isdir(host):
+            raise ValueError(f"sandbox mount {name!r}: {host} is not a directory")
+        if setup.own_uid and not _readable_by_others(host):
+            raise ValueError(
+                f"sandbox mount {name!r}: {host} must be readable by other users (the run's uid)"
+            )
+        args += ["--ro-bind", host, f"{MOUNT_ROOT}/{name}"]
+    return args
 
 
 def _probe(setup: _Setup) -> tuple[bool, str]:
@@ -488,13 +526,20 @@ def log_when_unavailable() -> None:
 
 
 def run_python(
-    source: str, limits: SandboxLimits = SandboxLimits(), files: dict[str, str] | None = None
+    source: str,
+    limits: SandboxLimits = SandboxLimits(),
+    files: dict[str, str] | None = None,
+    mounts: dict[str, str] | None = None,
+    tools: tuple[str, ...] = (),
 ) -> SandboxResult:
-    """Runs `source` as main.py in a fresh work dir holding `files` (relative path -> text)."""
+    """Runs `source` as main.py in a fresh work dir holding `files` (relative path -> text).
+    `mounts` (name -> host dir) appear read-only at /mnt/NAME; `tools` (host executables such as
+    git) at /fleet/bin/NAME, read-only, with the libraries they load."""
     setup = _setup()
     if isinstance(setup, tuple):
         return SandboxResult("not_run", None, "", "", 0.0, f"no isolation: {setup[1]}")
-    return _run(setup, "script", {**(files or {}), "main.py": source}, limits)
+    extra = [*_mount_binds(setup, mounts or {}), *_tool_binds(tuple(tools), setup.own_uid)]
+    return _run(setup, "script", {**(files or {}), "main.py": source}, limits, extra_binds=extra)
 
 
 def run_tests(
@@ -534,7 +579,9 @@ def _memfd(name: str, data: bytes = b"") -> int:
     return fd
 
 
-def _argv(setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int, seccomp_fd: int) -> list[str]:
+def _argv(
+    setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int, seccomp_fd: int, extra_binds: list[str]
+) -> list[str]:
     mb = 1024 * 1024
     argv = [setup.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     argv += ["--as-pid-1"]  # pid 1 is our init.py under its rlimits, not a bwrap init one could write to
@@ -547,6 +594,7 @@ def _argv(setup: _Setup, limits: SandboxLimits, info_fd: int, block_fd: int, sec
         argv += ["--setenv", key, value]
     argv += [
         *setup.binds,
+        *extra_binds,
         *(["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"] if setup.proc else []),
     ]
     argv += ["--dev", "/dev"]
@@ -588,7 +636,14 @@ def _outcome(returncode: int | None, limits: SandboxLimits, stderr: str, oom: bo
     return "failed", f"exit code {returncode}"
 
 
-def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits, harness: dict | None = None):
+def _run(
+    setup: _Setup,
+    mode: str,
+    files: dict[str, str],
+    limits: SandboxLimits,
+    harness: dict | None = None,
+    extra_binds: list[str] | None = None,
+):
     _check_names(files)
     spec = {
         "files": files,
@@ -632,7 +687,7 @@ def _run(setup: _Setup, mode: str, files: dict[str, str], limits: SandboxLimits,
             err = stack.enter_context(tempfile.TemporaryFile())
             uid = stack.enter_context(_sandbox_uid()) if setup.own_uid else None
             process = subprocess.Popen(
-                [*_argv(setup, limits, info_w, block_r, seccomp_fd), "--", *command],
+                [*_argv(setup, limits, info_w, block_r, seccomp_fd, extra_binds or []), "--", *command],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

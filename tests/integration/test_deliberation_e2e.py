@@ -155,3 +155,40 @@ def test_decision_checks_judge_each_partition_alone(stack_env, dagster_instance)
         assert checks["quorum_met"].passed
         assert checks["quorum_met"].metadata["usable_agents"].value == 1
         assert "winner_passes_checks" in checks
+
+
+def test_a_repository_task_with_the_real_engine_never_fails(stack_env, dagster_instance, tmp_path: Path):
+    """SmolLM2-135M writes what it writes (tool calls it cannot form, diffs that do not apply): the
+    deliberation still ends COMPLETED or PARTIAL, with every agent's turn and tool steps kept."""
+    import shutil
+    import tempfile
+
+    from fleet_pipelines.domain.tools import StepBudget
+    from fleet_pipelines.evaluation.repo_suite import REPO_CASES, create_repo, repo_task_fields
+    from fleet_pipelines.resources.council import CouncilResource
+    from fleet_pipelines.resources.repos import ReposConfig
+    from fleet_pipelines.workspace.checkout import make_writable
+
+    root = Path(tempfile.mkdtemp(prefix="fleet-e2e-ws-"))
+    os.chmod(root, 0o755)
+    council = stack_env["council"]
+    repos = ReposConfig(root=str(root))
+    resources = {**stack_env, "council": CouncilResource(max_tokens=council.max_tokens, repos=repos)}
+    case = REPO_CASES[0]
+    try:
+        fields = repo_task_fields(case, create_repo(case, tmp_path / "calc"), agents=2, rounds=1)
+        result = materialize_deliberation(dagster_instance, resources, "e2e-repo-1", fields)
+        assert result.success
+        decision = result.output_for_node("decision")
+        assert decision.status in {DeliberationStatus.COMPLETED, DeliberationStatus.PARTIAL}
+        workspace = result.output_for_node("workspace")
+        assert workspace.baseline is not None and workspace.baseline.failed == 1
+        proposals = result.output_for_node("proposals")
+        budget = StepBudget()
+        assert all(1 <= p.engine_calls <= budget.max_tool_calls + 1 for p in proposals)
+        assert all(len(p.tool_steps) <= budget.max_tool_calls for p in proposals)
+        scores = result.output_for_node("scores")
+        assert all(s.check("patch_applies") is not None for s in scores)
+    finally:
+        make_writable(root)
+        shutil.rmtree(root, ignore_errors=True)

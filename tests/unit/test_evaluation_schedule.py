@@ -47,4 +47,4 @@ def test_a_tick_requests_that_day_s_partition_with_the_configured_sample(monkeyp
         current_time=datetime(2026, 3, 14, 2, 0, tzinfo=UTC)
     )  # the day's own partition exists while that day runs (end_offset=1)
     config = request.run_config["ops"]["evaluation"]["config"]
-    assert config == {"suite": "humaneval", "split": "test", "sample_size": 7}
+    assert config == {"suite": "humaneval,repos", "split": "test", "sample_size": 7}

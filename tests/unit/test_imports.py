@@ -20,7 +20,7 @@ LAYERS = [
     {"names"},
     {"domain"},
     {"llm", "scoring", "events", "history", "dagster_private", "stack_file"},
-    {"dispatch"},
+    {"dispatch", "workspace"},
     {"evaluation"},
     {"resources"},
     {"settings"},

@@ -15,7 +15,7 @@ from tests.factories import turn
 def test_a_stored_value_naming_a_foreign_class_is_refused_and_nothing_is_imported():
     stored = json.loads(dump_value(turn(content="x")))
     for foreign in ("antigravity:Decision", "this:TurnResult", "os:system", "fleet_pipelines.cli:fleet"):
-        with pytest.raises(StoredValueError, match="is not one of Task, StoryContext, Convened"):
+        with pytest.raises(StoredValueError, match="is not one of Task, StoryContext, Workspace, Convened"):
             load_value(json.dumps({**stored, "model": foreign}))
     assert "antigravity" not in sys.modules and "this" not in sys.modules
 
@@ -28,6 +28,7 @@ def test_values_load_by_their_registered_name_and_files_of_the_earlier_format_st
     assert set(STORED_MODELS) == {
         "Task",
         "StoryContext",
+        "Workspace",
         "Convened",
         "TurnResult",
         "ProposalScore",

@@ -1,0 +1,193 @@
+"""A repository as a council sees it: the checked-out workspace, its file index, test evidence,
+and proposals that are patches (a unified diff plus its rationale).
+
+Pure: what `fleet_pipelines.workspace` (git, the sandbox) produces and what scoring reads.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_PATCH_CHARS = 200_000  # a proposal's patch beyond this is not applied (scored as not applying)
+INLINE_PATCH_CHARS = 16_000  # what an event carries inline; the full patch is in storage
+MAX_INDEX_ENTRIES = 5_000  # files listed in the stored workspace (all are counted)
+
+_LANGUAGES = {
+    ".py": "python",
+    ".pyi": "python",
+    ".md": "markdown",
+    ".rst": "rst",
+    ".txt": "text",
+    ".toml": "toml",
+    ".cfg": "ini",
+    ".ini": "ini",
+    ".json": "json",
+    ".yaml": "yaml",
+    ".yml": "yaml",
+    ".js": "javascript",
+    ".ts": "typescript",
+    ".go": "go",
+    ".rs": "rust",
+    ".c": "c",
+    ".h": "c",
+    ".cpp": "cpp",
+    ".java": "java",
+    ".sh": "shell",
+    ".html": "html",
+    ".css": "css",
+}
+
+
+def language_of(path: str) -> str:
+    """The language a file's name says (by extension; Dockerfile and Makefile by name)."""
+    name = PurePosixPath(path).name
+    if name == "Dockerfile":
+        return "dockerfile"
+    if name == "Makefile":
+        return "make"
+    return _LANGUAGES.get(PurePosixPath(path).suffix.lower(), "other")
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    size: int
+    language: str
+
+
+class TestEvidence(BaseModel):
+    """One run of a test command in the sandbox: counts from pytest's report where it gave one."""
+
+    __test__ = False  # not a pytest class
+
+    status: Literal["passed", "failed", "timeout", "error", "not_run"]
+    ran: str = Field(description="What was run, where.")
+    passed: int = 0
+    failed: int = 0  # failures and errors
+    skipped: int = 0
+    failing: list[str] = Field(default_factory=list, description="Failing test ids (at most 50).")
+    first_failure: str = ""
+    output: str = ""  # an excerpt
+    duration_s: float = 0.0
+    counted: bool = False  # the counts come from pytest's report (else only the exit status)
+
+    @property
+    def total(self) -> int:
+        return self.passed + self.failed
+
+
+class PatchEvidence(BaseModel):
+    """A patch scored in a fresh sandboxed copy of the workspace: applied, tests, ruff, hidden tests."""
+
+    applies: bool
+    apply_output: str = ""
+    changed_files: list[str] = Field(default_factory=list)
+    touches_tests: bool = False
+    tests: TestEvidence | None = None  # the repository's test command after the patch
+    hidden: TestEvidence | None = None  # the task's hidden tests after the repository's
+    ruff_issues: int | None = None
+    ruff_output: str = ""
+    sandbox_s: float = 0.0
+    not_run: str = ""  # why nothing could run (no isolation), else ""
+
+
+class Workspace(BaseModel):
+    """The checkout at the resolved commit, stored read-only; its index and baseline test result.
+    `repo` None: the task names no repository (the partition's workspace is empty)."""
+
+    task_id: str
+    url: str = ""
+    ref: str = ""
+    commit: str = ""
+    path: str = ""  # host directory of the read-only checkout
+    env_path: str = ""  # host directory of the read-only dependency environment
+    subdir: str = ""
+    test_command: str = ""
+    files: list[FileEntry] = Field(default_factory=list)
+    file_count: int = 0
+    total_bytes: int = 0
+    skipped: list[str] = Field(default_factory=list, description="What was not checked out, and why.")
+    dependencies: list[str] = Field(default_factory=list)
+    baseline: TestEvidence | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.path)
+
+
+_DIFF_FENCE = re.compile(r"```[ \t]*(?:diff|patch|udiff)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_DIFF_START = re.compile(r"^(diff --git |--- (?:a/|/dev/null))", re.MULTILINE)
+_PATCH_PATH = re.compile(r"^(?:\+\+\+|---) (?:[ab]/)?(\S+)", re.MULTILINE)
+
+
+def extract_patch(text: str) -> str:
+    """The unified diff in a proposal: its ```diff blocks joined, else the text from the first
+    `diff --git` / `--- a/` line; "" when it has none. Ends with a newline (git apply needs it)."""
+    blocks = [b for b in _DIFF_FENCE.findall(text) if _DIFF_START.search(b)]
+    if blocks:
+        patch = "".join(b if b.endswith("\n") else b + "\n" for b in blocks)
+    else:
+        start = _DIFF_START.search(text)
+        if start is None:
+            return ""
+        patch = text[start.start() :]
+        if not patch.endswith("\n"):
+            patch += "\n"
+    return patch
+
+
+def rationale_of(text: str) -> str:
+    """The proposal's words without its diff blocks."""
+    return re.sub(r"\n{3,}", "\n\n", _DIFF_FENCE.sub("", text)).strip()
+
+
+def changed_paths(patch: str) -> list[str]:
+    """The files a patch touches (from its ---/+++ lines), in order, without /dev/null."""
+    seen: dict[str, None] = {}
+    for path in _PATCH_PATH.findall(patch):
+        if path != "/dev/null":
+            seen[path] = None
+    return list(seen)
+
+
+def is_test_path(path: str) -> bool:
+    name = PurePosixPath(path).name
+    return name.startswith("test_") or name.endswith("_test.py") or "tests" in PurePosixPath(path).parts
+
+
+def bounded_patch(patch: str, limit: int = INLINE_PATCH_CHARS) -> tuple[str, bool]:
+    """The patch as an event carries it: whole up to `limit` characters, else cut at a line end
+    (True: cut; the full patch is in storage)."""
+    if len(patch) <= limit:
+        return patch, False
+    cut = patch.rfind("\n", 0, limit)
+    return patch[: cut + 1 if cut > 0 else limit], True
+
+
+def workspace_view(workspace: Workspace, contents: dict[str, str], max_chars: int = 8_000) -> str:
+    """The repository as the prompts show it: commit, test command and baseline result, the file
+    list, then the `contents` given (path -> text), each whole or left out, within `max_chars`."""
+    lines = [f"Repository {workspace.url} at commit {workspace.commit[:12]} ({workspace.ref})."]
+    lines.append(f"Test command: {workspace.test_command}")
+    base = workspace.baseline
+    if base is not None:
+        counts = f" ({base.passed} passed, {base.failed} failing)" if base.counted else ""
+        lines.append(f"The tests now: {base.status}{counts}.")
+        if base.failing:
+            lines.append("Failing: " + ", ".join(base.failing[:10]))
+        if base.first_failure:
+            lines.append(f"First failure:\n{base.first_failure[:1_200]}")
+    listed = [f.path for f in workspace.files[:200]]
+    lines.append(f"Files ({workspace.file_count}):\n" + "\n".join(listed))
+    text = "\n".join(lines)
+    for path, body in contents.items():
+        block = f"\n\n--- {path} ---\n{body}"
+        if len(text) + len(block) > max_chars:
+            continue
+        text += block
+    return text
