@@ -51,9 +51,11 @@ async def execute_turn(
     request: TurnRequest,
     deadline: float = math.inf,
     on_text=None,
+    slot: int | None = None,
 ) -> TurnResult:
     """Sends one turn and streams its reply; past `deadline` (time.time()) the stream is closed and
-    the turn is TIMEOUT. Engine errors come back as FAILED results, never as exceptions."""
+    the turn is TIMEOUT. Engine errors come back as FAILED results, never as exceptions. `slot`:
+    the engine slot to decode it in (llama.cpp), None to leave it to the engine."""
     start = time.perf_counter()
     streamed: list[str] = []
 
@@ -71,6 +73,7 @@ async def execute_turn(
                 request.stop,
                 request.response_schema,
                 collect,
+                slot,
             )
     except TimeoutError:
         result = TurnResult.unfinished(
@@ -120,6 +123,7 @@ class _Turn:
     finished_at: float | None = None
     result: TurnResult | None = None
     task: asyncio.Task | None = None
+    slot: int | None = None  # the engine slot granted to it
 
 
 class EngineQueue:
@@ -143,6 +147,16 @@ class EngineQueue:
         self._waiting: list[tuple[float, int, str]] = []  # (deadline, arrival, turn id): EDF heap
         self._grants: dict[str, asyncio.Future] = {}
         self._running = 0
+        # Slots by id, each with the conversation it last decoded (llama.cpp keeps that prompt in
+        # the slot's cache): a turn goes to the free slot holding its conversation, else to the
+        # free slot used longest ago. Ids are sent only to llama.cpp (`id_slot`), whose slots they
+        # are; vLLM shares cached prefixes across all requests by itself.
+        self._free_slots = list(range(self.capacity))
+        self._slot_holds: dict[int, tuple[str, str]] = {}
+        self._slot_used: dict[int, int] = {}
+        self.pin_slots = (
+            isinstance(engine, EngineSettings) and (llama_cpp_slots(engine.base_url) or 0) >= self.capacity
+        )
         self._arrivals = 0
         self._changed: asyncio.Event | None = None
         self._reaper: asyncio.Task | None = None
@@ -241,7 +255,17 @@ class EngineQueue:
                 continue
             self._running += 1
             self.counts["peak_running"] = max(self.counts["peak_running"], self._running)
+            if turn is not None:
+                turn.slot = self._take_slot(turn.request.conversation)
             grant.set_result(None)
+
+    def _take_slot(self, conversation: tuple[str, str]) -> int:
+        held = [s for s in self._free_slots if self._slot_holds.get(s) == conversation]
+        slot = held[0] if held else min(self._free_slots, key=lambda s: self._slot_used.get(s, -1))
+        self._free_slots.remove(slot)
+        self._slot_holds[slot] = conversation
+        self._slot_used[slot] = self._arrivals
+        return slot
 
     async def _admit(self, turn: _Turn) -> str | None:
         """None once the turn holds a slot; otherwise why it will not be sent."""
@@ -257,15 +281,17 @@ class EngineQueue:
         except (TimeoutError, asyncio.CancelledError) as exc:
             self._grants.pop(turn.turn_id, None)
             if grant.done() and grant.result() is None:
-                self._release()  # granted in the same instant: hand the slot on
+                self._release(turn)  # granted in the same instant: hand the slot on
             if isinstance(exc, asyncio.CancelledError):
                 raise
             waited = time.time() - turn.submitted
             return f"not sent: no free engine slot before the deadline (waited {waited:.0f} s)"
         return grant.result()
 
-    def _release(self) -> None:
+    def _release(self, turn: _Turn) -> None:
         self._running -= 1
+        if turn.slot is not None:
+            self._free_slots.append(turn.slot)
         self._dispatch()
 
     async def _run(self, turn: _Turn) -> None:
@@ -282,10 +308,14 @@ class EngineQueue:
             if self._engine is None:
                 self._engine = make_engine(self.engine_settings)
             result = await execute_turn(
-                self._engine, request, turn.deadline, lambda text: self._text(turn, text)
+                self._engine,
+                request,
+                turn.deadline,
+                lambda text: self._text(turn, text),
+                turn.slot if self.pin_slots else None,
             )
         finally:
-            self._release()
+            self._release(turn)
         if result.status is TurnStatus.COMPLETED:
             seconds = result.latency_ms / 1000
             held = self._service_s.get(request.kind)

@@ -298,6 +298,14 @@ class TurnRequest(BaseModel):
     response_schema: dict | None = None  # JSON schema the reply must follow (engine-enforced)
     stop: list[str] = Field(default_factory=list)  # stop sequences (the engine ends the reply there)
 
+    @property
+    def conversation(self) -> tuple[str, str]:
+        """(task, author) of the proposal conversation this turn starts with: a proposal its own,
+        a critique its target's, a revision its author's (domain/prompts.py lays them out so).
+        Turns of one conversation share a prompt prefix; the admission queue sends them to the
+        engine slot that last held it."""
+        return self.task_id, self.target_agent_id or self.agent_id
+
 
 class TurnResult(BaseModel):
     """What came back from one turn; failed and timed-out turns are results too."""

@@ -75,8 +75,10 @@ class Engine(Protocol):
         stop: list[str] | None = None,
         response_schema: dict | None = None,
         on_text: OnText | None = None,
+        slot: int | None = None,
     ) -> Completion:
-        """One streamed chat completion; with `response_schema` the reply is that JSON schema's."""
+        """One streamed chat completion; with `response_schema` the reply is that JSON schema's;
+        `slot`: the engine slot to decode it in (llama.cpp's `id_slot`), None: the engine picks."""
         ...
 
 
@@ -139,9 +141,12 @@ class ChatEngine:
         stop: list[str] | None = None,
         response_schema: dict | None = None,
         on_text: OnText | None = None,
+        slot: int | None = None,
     ) -> Completion:
         """One streamed chat completion; with `response_schema` the engine constrains the reply to
-        that JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM guided decoding)."""
+        that JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM guided
+        decoding). With `slot`, llama.cpp decodes it in that slot, reusing the prompt prefix the
+        slot holds (`id_slot`, `cache_prompt`); only for llama.cpp, whose slots the ids are."""
         s = self.settings
         attempts = 0
         retrying = AsyncRetrying(
@@ -155,7 +160,7 @@ class ChatEngine:
                 with attempt:
                     attempts += 1
                     return await self._attempt(
-                        messages, temperature, max_tokens, stop, response_schema, on_text, attempts
+                        messages, temperature, max_tokens, stop, response_schema, on_text, attempts, slot
                     )
         except _Streamed as exc:
             raise EngineError(
@@ -176,7 +181,9 @@ class ChatEngine:
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    async def _attempt(self, messages, temperature, max_tokens, stop, response_schema, on_text, attempts):
+    async def _attempt(
+        self, messages, temperature, max_tokens, stop, response_schema, on_text, attempts, slot=None
+    ):
         s = self.settings
         response_format = (
             {
@@ -196,6 +203,7 @@ class ChatEngine:
             response_format=response_format,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body=None if slot is None else {"id_slot": slot, "cache_prompt": True},
         )
         try:
             stream = await asyncio.wait_for(opening, s.first_token_timeout_s)
