@@ -102,6 +102,7 @@ async def execute_turn(
         model=completion.model,
         tokens_in=completion.tokens_in,
         tokens_out=completion.tokens_out,
+        tokens_cached=completion.tokens_cached,
         latency_ms=completion.latency_ms,
         first_token_ms=completion.first_token_ms,
         attempts=completion.attempts,
@@ -237,7 +238,7 @@ class EngineQueue:
         """Grants free slots to waiting turns, earliest deadline first; one that cannot finish in
         time at this engine's pace is answered with the reason instead."""
         while self._running < self.capacity and self._waiting:
-            deadline, _, turn_id = heapq.heappop(self._waiting)
+            deadline, _, turn_id = self._next_waiting()
             grant = self._grants.pop(turn_id, None)
             if grant is None or grant.done():
                 continue
@@ -258,6 +259,19 @@ class EngineQueue:
             if turn is not None:
                 turn.slot = self._take_slot(turn.request.conversation)
             grant.set_result(None)
+
+    def _next_waiting(self) -> tuple[float, int, str]:
+        """The waiting turn to grant next: of those with the earliest deadline, the first whose
+        conversation a free slot holds, else the first."""
+        earliest = self._waiting[0][0]
+        held = {self._slot_holds.get(s) for s in self._free_slots}
+        for entry in sorted(e for e in self._waiting if e[0] == earliest):
+            turn = self._turns.get(entry[2])
+            if turn is not None and turn.request.conversation in held:
+                self._waiting.remove(entry)
+                heapq.heapify(self._waiting)
+                return entry
+        return heapq.heappop(self._waiting)
 
     def _take_slot(self, conversation: tuple[str, str]) -> int:
         held = [s for s in self._free_slots if self._slot_holds.get(s) == conversation]

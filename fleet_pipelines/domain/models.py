@@ -324,6 +324,7 @@ class TurnResult(BaseModel):
     temperature: float = 0.0
     tokens_in: int = 0
     tokens_out: int = 0
+    tokens_cached: int = 0  # of tokens_in, read from the engine's prompt cache (not computed again)
     latency_ms: float = 0.0  # service: from sending to the engine to the last token
     queue_ms: float = 0.0  # admission: waiting for a free engine slot before being sent
     first_token_ms: float = 0.0  # from sending to the first token

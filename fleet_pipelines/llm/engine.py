@@ -61,6 +61,7 @@ class Completion:
     latency_ms: float  # from sending to the last token (service time)
     first_token_ms: float
     attempts: int
+    tokens_cached: int = 0  # prompt tokens the engine read from its prompt cache
 
 
 class Engine(Protocol):
@@ -213,7 +214,7 @@ class ChatEngine:
             ) from None
         parts: list[str] = []
         first_token_ms = 0.0
-        model, tokens_in, tokens_out = s.model, 0, 0
+        model, tokens_in, tokens_out, tokens_cached = s.model, 0, 0, 0
         async with stream:  # leaving the block (error, cancel, deadline) closes the response
             chunks = aiter(stream)
             while True:
@@ -234,6 +235,8 @@ class ChatEngine:
                 model = chunk.model or model
                 if chunk.usage:
                     tokens_in, tokens_out = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                    details = chunk.usage.prompt_tokens_details  # llama.cpp, vLLM: cached_tokens
+                    tokens_cached = (details.cached_tokens or 0) if details else 0
                 text = chunk.choices[0].delta.content if chunk.choices else None
                 if text:
                     if not parts:
@@ -246,6 +249,7 @@ class ChatEngine:
             model=model,
             tokens_in=tokens_in,
             tokens_out=tokens_out or len(parts),
+            tokens_cached=tokens_cached,
             latency_ms=(time.perf_counter() - start) * 1000,
             first_token_ms=first_token_ms,
             attempts=attempts,
