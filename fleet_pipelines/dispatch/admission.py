@@ -33,6 +33,7 @@ from ..llm.vllm_actor import VLLMActorEngine, VLLMActorSettings
 
 AnyEngineSettings = EngineSettings | VLLMActorSettings
 DEFAULT_SLOTS = 4  # an OpenAI-compatible engine that does not say how many requests it serves at once
+AFFINITY_WINDOW_S = 1.0  # deadlines this close count as one when a turn may go to its slot first
 NOT_STARTED = "NotStarted"  # error_type of a turn reported TIMEOUT without being sent
 
 
@@ -261,11 +262,12 @@ class EngineQueue:
             grant.set_result(None)
 
     def _next_waiting(self) -> tuple[float, int, str]:
-        """The waiting turn to grant next: of those with the earliest deadline, the first whose
+        """The waiting turn to grant next: of those with the earliest deadline (within
+        `AFFINITY_WINDOW_S`: the turns of one phase of a run share theirs), the first whose
         conversation a free slot holds, else the first."""
         earliest = self._waiting[0][0]
         held = {self._slot_holds.get(s) for s in self._free_slots}
-        for entry in sorted(e for e in self._waiting if e[0] == earliest):
+        for entry in sorted(e for e in self._waiting if e[0] <= earliest + AFFINITY_WINDOW_S):
             turn = self._turns.get(entry[2])
             if turn is not None and turn.request.conversation in held:
                 self._waiting.remove(entry)

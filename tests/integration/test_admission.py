@@ -257,9 +257,9 @@ def test_reviews_go_to_the_slot_that_wrote_their_proposal_and_reuse_its_prompt(l
 
         async def phase(requests: list[TurnRequest]) -> list:
             ids = [f"{r.kind.value}-{r.agent_id}-{r.target_agent_id}" for r in requests]
-            await queue.submit([(i, r, time.time() + 300) for i, r in zip(ids, requests, strict=True)])
-            while any(queue._turns[i].result is None for i in ids):
-                await queue.poll({i: 0 for i in ids}, 2.0)
+            deadline = time.time() + 300  # one run's deadline
+            await queue.submit([(i, r, deadline) for i, r in zip(ids, requests, strict=True)])
+            await asyncio.gather(*(queue._turns[i].task for i in ids))  # each turn's run to its result
             return [(queue._turns[i].slot, queue._turns[i].result) for i in ids]
 
         written = await phase(proposal_requests(task, council, settings))
