@@ -195,11 +195,13 @@ def main() -> None:
         with stack.fleet_dev(root, args.max_tokens, engine_url=recorder.start()) as dev:
             log(f"{args.concurrent} deliberations …")
             product = run_product(dev, args.concurrent, args.agents, args.rounds)
-        calls = [c for c in recorder.calls if c.ended is not None]
-        link_reads(calls)
-        slots = llama_cpp_slots(engine_url) or DEFAULT_SLOTS
-        log(f"replaying {len(calls)} engine requests at {slots} at once …")
-        replayed, replay_wall = replay(engine_url, calls, slots)
+            # Replayed while the stack is still up, idle: in the first smoke run the engine server
+            # logged its exit when `fleet dev` stopped (cause not investigated yet).
+            calls = [c for c in recorder.calls if c.ended is not None]
+            link_reads(calls)
+            slots = llama_cpp_slots(engine_url) or DEFAULT_SLOTS
+            log(f"replaying {len(calls)} engine requests at {slots} at once …")
+            replayed, replay_wall = replay(engine_url, calls, slots)
     finally:
         recorder.stop()
         if server is not None:
