@@ -1,39 +1,38 @@
-"""K deliberations at once through the product, against the engine alone doing their first phase.
+"""K deliberations at once through the product, against the same engine requests replayed alone.
 
     .venv/bin/python benchmarks/load.py --concurrent K --agents N --rounds R [--max-tokens T] [--json]
 
-Starts `fleet dev` (what `make dev` runs) on free ports, with its own llama.cpp engine, or with the
-engine at FLEET_LLM_BASE_URL when that is set. Then:
+Starts a llama.cpp engine of `make dev`'s kind (or uses the one at FLEET_LLM_BASE_URL), a recording
+pass-through in front of it (benchmarks/same_work.py), and `fleet dev` (what `make dev` runs) on
+free ports with the pass-through as its engine. Then:
 
-1. the yardstick: the K x N first-phase (proposal) requests of the deliberations, sent straight to
-   the engine, all at once, streamed; completion tokens per second;
-2. the product: K approved plans published at once on NATS, as the planner does; the daemon's
-   sensor and run queue start the runs (its limits are part of what is measured); every turn of
-   every run (proposals, critiques, revisions, judge turns) is read back from the run logs;
+1. the product: K approved plans published at once on NATS, as the planner does; the daemon's
+   sensor and run queue start the runs (its limits are part of what is measured); every engine
+   request of every run (proposals, critiques, revisions, judge turns) is recorded on its way;
+2. the same work alone: the recorded requests sent again straight to the engine, each the moment
+   the requests it reads have finished, as many at once as the engine has slots;
 3. one JSON object as the last line: {"concurrent", "statuses", "failed_turns", "timed_out_turns",
-   "goodput_ratio" (product tok/s / engine tok/s), "slot_occupancy", "wall_s", "engine_wall_s", ...}.
+   "goodput_same_work" (replay wall / product wall), "slot_occupancy", "by_kind" (per kind, time
+   to first token and tokens per second of service, product and replay), "breakdown" (where the
+   product's wall went with no request in the engine), "dagster_per_run", "wall_s", ...}.
 
-`slot_occupancy` is the engine's slot-seconds in service (every turn's service time) over its
-capacity x `wall_s`: how busy the product kept the engine. It differs from `goodput_ratio` by
-what a token costs: critiques, revisions and judge turns carry the proposals they read, so on a
-CPU engine their prompts take seconds to process and their tokens come slower than the
-yardstick's short proposal prompts (llama.cpp reports it as time to first token):
-`slot_tok_s_by_kind` is each kind's tokens over its service seconds.
+`slot_occupancy` is the engine's slot-seconds in service (every request's service time, as the
+pass-through saw it) over its slots x `wall_s`: how busy the product kept the engine.
 
 `wall_s` runs from publishing the plans to the end of the last run, so the sensor interval, the
 run queue and the runs' process starts count against the product, as a user would see them.
-Both rates are measured in the same run on the same engine: on a shared machine the ratio is
-the figure to read, not the seconds.
+Both walls are measured in the same run on the same engine: on a shared machine the ratio is
+the figure to read, not the seconds. Run it alone on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -41,17 +40,14 @@ from collections import Counter
 from pathlib import Path
 
 import dagster as dg
+from same_work import Call, Recorder, busy_intervals, by_kind, idle_within, link_reads, replay
 
 from fleet_pipelines import stack
 from fleet_pipelines.dispatch.admission import DEFAULT_SLOTS
-from fleet_pipelines.domain.council import CouncilSettings, build_council
-from fleet_pipelines.domain.deliberation import proposal_requests
-from fleet_pipelines.domain.models import Role, Task
 from fleet_pipelines.events.planning import single_task_plan
 from fleet_pipelines.events.streams import PLAN_APPROVED
 from fleet_pipelines.history.results import finished_turns
-from fleet_pipelines.llm.engine import ChatEngine, EngineSettings, llama_cpp_slots
-from fleet_pipelines.llm.local_server import MODEL_NAME
+from fleet_pipelines.llm.engine import llama_cpp_slots
 from fleet_pipelines.resources.events import NatsResource
 
 DESCRIPTION = (
@@ -67,34 +63,6 @@ FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.Dagster
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def yardstick(engine_url: str, k: int, agents: int, max_tokens: int | None) -> tuple[int, float]:
-    """(completion tokens, wall seconds) of the K x N proposal requests sent at once."""
-    settings = CouncilSettings(max_tokens=max_tokens)
-    requests = [
-        r
-        for i in range(k)
-        for r in proposal_requests(
-            Task(task_id=f"yardstick-{i}", description=DESCRIPTION, role=Role.DEV, num_agents=agents),
-            build_council(Role.DEV, agents, settings),
-            settings,
-        )
-    ]
-    # No admission here: the engine queues what its slots cannot take, so no first-token clock.
-    engine = EngineSettings(
-        base_url=engine_url, model=MODEL_NAME, first_token_timeout_s=3600, idle_timeout_s=600
-    )
-
-    async def all_at_once() -> list:
-        chat = ChatEngine(engine)
-        return await asyncio.gather(
-            *(chat.stream(r.messages, r.temperature, r.max_tokens, r.stop) for r in requests)
-        )
-
-    start = time.perf_counter()
-    done = asyncio.run(all_at_once())
-    return sum(c.tokens_out for c in done), time.perf_counter() - start
 
 
 def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
@@ -133,32 +101,63 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
                 if found:
                     runs[task_id] = found[0]
         time.sleep(2)
-    ended = max(instance.get_run_record_by_id(r.run_id).end_time for r in runs.values())
+    records = [instance.get_run_record_by_id(r.run_id) for r in runs.values()]
     statuses: Counter[str] = Counter()
     turns: Counter[str] = Counter()
-    tokens, service_s = 0, 0.0
-    by_kind: dict[str, list[float]] = {}  # kind -> [tokens, service seconds]
     for run in runs.values():
         lines, _ = finished_turns(instance, run.run_id, None)
         for line in lines:
-            kind, status, count, service = TURN_LINE.search(line).groups()
-            by_kind.setdefault(kind, [0, 0.0])
-            by_kind[kind][0] += int(count)
-            by_kind[kind][1] += float(service)
-            turns[status] += 1
-            tokens += int(count)
-            service_s += float(service)
+            turns[TURN_LINE.search(line).group(2)] += 1
         statuses[decision_status(instance, run.run_id)] += 1
     return {
         "statuses": dict(statuses),
         "turns": sum(turns.values()),
         "failed_turns": turns["failed"],
         "timed_out_turns": turns["timeout"],
-        "tokens": tokens,
-        "service_s": service_s,
-        "slot_tok_s": {kind: round(n / s, 1) for kind, (n, s) in by_kind.items() if s},
-        "wall_s": ended - started,
+        "published": started,
+        # (created, started, ended) of each run, time.time() values
+        "runs": sorted((r.create_timestamp.timestamp(), r.start_time, r.end_time) for r in records),
+        "wall_s": max(r.end_time for r in records) - started,
     }
+
+
+def breakdown(product: dict, calls: list[Call]) -> tuple[dict[str, float], dict[str, float]]:
+    """Where the product's wall went while no request was in the engine, and Dagster's cost per
+    run (run start to its first engine request, its last to the run's end; medians). A call
+    belongs to the run in whose start..end it was sent (runs of one engine follow one another)."""
+    busy = busy_intervals(calls)
+    out = {"sensor_and_queue": 0.0, "run_start": 0.0, "before_first_turn": 0.0, "between_phases": 0.0}
+    out |= {"scoring": 0.0, "after_last_turn": 0.0, "between_runs": 0.0}
+    to_first, after_last = [], []
+    first_created = min(created for created, _, _ in product["runs"])
+    out["sensor_and_queue"] = idle_within(busy, product["published"], first_created)
+    previous_end = None
+    for created, started, ended in product["runs"]:
+        mine = [c for c in calls if started <= c.sent <= ended]
+        out["run_start"] += idle_within(busy, created, started)
+        if previous_end is not None and created > previous_end:
+            out["between_runs"] += idle_within(busy, previous_end, created)
+        previous_end = ended
+        if not mine:
+            continue
+        first, last = min(c.sent for c in mine), max(c.ended or c.sent for c in mine)
+        to_first.append(first - started)
+        after_last.append(ended - last)
+        out["before_first_turn"] += idle_within(busy, started, first)
+        out["after_last_turn"] += idle_within(busy, last, ended)
+        judges = [c for c in mine if c.kind == "judge"]
+        reviews_end = max((c.ended or c.sent for c in mine if c.kind != "judge"), default=first)
+        scoring = idle_within(busy, reviews_end, min(c.sent for c in judges)) if judges else 0.0
+        out["scoring"] += scoring
+        out["between_phases"] += idle_within(busy, first, last) - scoring
+    out["idle_engine_total"] = idle_within(
+        busy, product["published"], product["published"] + product["wall_s"]
+    )
+    per_run = {
+        "run_start_to_first_request_s": round(statistics.median(to_first), 2) if to_first else None,
+        "last_request_to_run_end_s": round(statistics.median(after_last), 2) if after_last else None,
+    }
+    return {k: round(v, 1) for k, v in out.items()}, per_run
 
 
 def decision_status(instance: dg.DagsterInstance, run_id: str) -> str:
@@ -183,46 +182,63 @@ def main() -> None:
     # Started in the background, this process may have inherited SIGINT ignored; fleet dev would
     # inherit that too and not stop on the Ctrl-C the helper sends it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    engine_url = os.environ.get("FLEET_LLM_BASE_URL")
     root = Path(tempfile.mkdtemp(prefix="fleet-load-"))
-    log(f"starting fleet dev under {root} …")
-    with stack.fleet_dev(root, args.max_tokens, engine_url=engine_url) as dev:
-        url = dev.env["FLEET_LLM_BASE_URL"]
-        log(f"yardstick: {args.concurrent * args.agents} proposal requests straight to {url} …")
-        engine_tokens, engine_wall = yardstick(url, args.concurrent, args.agents, args.max_tokens)
-        log(f"  {engine_tokens} tokens in {engine_wall:.1f} s; now {args.concurrent} deliberations …")
-        product = run_product(dev, args.concurrent, args.agents, args.rounds)
-        # Reported before the stack stops: a slow stop on a loaded machine must not lose the figures.
-        engine_rate = engine_tokens / engine_wall
-        slots = llama_cpp_slots(url) or DEFAULT_SLOTS
-        product_rate = product["tokens"] / product["wall_s"]
-        summary = {
-            "concurrent": args.concurrent,
-            "agents": args.agents,
-            "rounds": args.rounds,
-            "statuses": product["statuses"],
-            "turns": product["turns"],
-            "failed_turns": product["failed_turns"],
-            "timed_out_turns": product["timed_out_turns"],
-            "goodput_ratio": round(product_rate / engine_rate, 3),
-            "slot_occupancy": round(product["service_s"] / (slots * product["wall_s"]), 3),
-            "engine_slots": slots,
-            "slot_tok_s_by_kind": product["slot_tok_s"],
-            "product_tok_s": round(product_rate, 1),
-            "engine_tok_s": round(engine_rate, 1),
-            "wall_s": round(product["wall_s"], 1),
-            "engine_wall_s": round(engine_wall, 1),
-        }
-        if not args.json:
-            print(
-                f"K={args.concurrent}, {args.agents} agents, {args.rounds} round(s): {summary['statuses']}, "
-                f"{product['turns']} turns ({summary['failed_turns']} failed, "
-                f"{summary['timed_out_turns']} timed out); product {product_rate:.1f} tok/s over "
-                f"{product['wall_s']:.0f} s, engine alone {engine_rate:.1f} tok/s over {engine_wall:.0f} s: "
-                f"goodput ratio {summary['goodput_ratio']:.2f}; {slots} slots busy "
-                f"{summary['slot_occupancy']:.0%} of the time"
-            )
-        print(json.dumps(summary))
+    engine_url = os.environ.get("FLEET_LLM_BASE_URL")
+    server = None
+    if engine_url is None:  # the engine `fleet dev` would start, started here to sit behind the recorder
+        port = stack.free_port()
+        server = stack.start_model_server(root / "engine-logs", port, parallel=3)
+        engine_url = f"http://127.0.0.1:{port}/v1"
+    recorder = Recorder(engine_url)
+    try:
+        log(f"starting fleet dev under {root}, its engine {engine_url} through a recorder …")
+        with stack.fleet_dev(root, args.max_tokens, engine_url=recorder.start()) as dev:
+            log(f"{args.concurrent} deliberations …")
+            product = run_product(dev, args.concurrent, args.agents, args.rounds)
+            # Replayed while the stack is still up, idle: in the first smoke run the engine server
+            # logged its exit when `fleet dev` stopped (cause not investigated yet).
+            calls = [c for c in recorder.calls if c.ended is not None]
+            link_reads(calls)
+            slots = llama_cpp_slots(engine_url) or DEFAULT_SLOTS
+            log(f"replaying {len(calls)} engine requests at {slots} at once …")
+            replayed, replay_wall = replay(engine_url, calls, slots)
+    finally:
+        recorder.stop()
+        if server is not None:
+            server.stop()
+    product_kinds, replay_kinds = by_kind(calls), by_kind(replayed)
+    idle, per_run = breakdown(product, calls)
+    summary = {
+        "concurrent": args.concurrent,
+        "agents": args.agents,
+        "rounds": args.rounds,
+        "statuses": product["statuses"],
+        "turns": product["turns"],
+        "failed_turns": product["failed_turns"],
+        "timed_out_turns": product["timed_out_turns"],
+        "goodput_same_work": round(replay_wall / product["wall_s"], 3),
+        "slot_occupancy": round(sum(c.service_s for c in calls) / (slots * product["wall_s"]), 3),
+        "replay_slot_occupancy": round(sum(c.service_s for c in replayed) / (slots * replay_wall), 3),
+        "engine_slots": slots,
+        "engine_requests": len(calls),
+        "by_kind": {
+            kind: {"product": product_kinds[kind], "replay": replay_kinds.get(kind)} for kind in product_kinds
+        },
+        "breakdown_idle_engine_s": idle,
+        "dagster_per_run": per_run,
+        "wall_s": round(product["wall_s"], 1),
+        "replay_wall_s": round(replay_wall, 1),
+        "load_average": round(os.getloadavg()[0], 1),
+    }
+    if not args.json:
+        print(
+            f"K={args.concurrent}, {args.agents} agents, {args.rounds} round(s): {summary['statuses']}, "
+            f"{product['turns']} turns ({summary['failed_turns']} failed, {summary['timed_out_turns']} "
+            f"timed out); product {product['wall_s']:.0f} s, the same {len(calls)} requests alone "
+            f"{replay_wall:.0f} s: goodput_same_work {summary['goodput_same_work']:.2f}; {slots} slots "
+            f"busy {summary['slot_occupancy']:.0%} of the time; engine idle: {idle}"
+        )
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -422,7 +422,7 @@ def run_backend(backend: str, sizes: list[int], lookups_only: bool = False) -> d
 
         def lookup(task_id: str, source: str) -> float:
             def once():
-                return task_result(instance, task_id, load_decision, load_log_day, no_stream)
+                return task_result(instance, base, task_id, load_decision, load_log_day, no_stream)
 
             result = once()
             if result.source != source or result.status.value != "COMPLETED":

@@ -21,6 +21,7 @@ from .llm.settings import EngineSettings, VLLMActorSettings
 from .stack_file import with_stack
 
 if TYPE_CHECKING:
+    from .events.options import ConnectOptions
     from .resources.council import CouncilResource
     from .resources.events import NatsResource
 
@@ -235,6 +236,14 @@ class FleetSettings(BaseModel):
         from .domain.councils import engine_id
 
         return engine_id(self.llm_base_url)
+
+    def nats_options(self) -> ConnectOptions:
+        """How to reach NATS, its secrets read from the environment now: for commands that talk
+        to NATS without Dagster (the `nats` resource reads them through dg.EnvVar instead)."""
+        from .events.options import ConnectOptions
+
+        secrets = {field: os.environ[var] for field, var in NATS_SECRETS if field in self.nats_secrets_set}
+        return ConnectOptions(url=self.nats_url, **secrets)
 
     def nats(self) -> NatsResource:
         import dagster as dg

@@ -52,7 +52,9 @@ def result(task_id: str, as_json: bool, wait: float, follow: bool, patch_only: b
 
     settings = FleetSettings.from_env()
     found = None if follow else stored_result(settings.storage, task_id)
-    if found is None:  # not decided yet, or by an older run: ask the Dagster instance
+    if found is None and not (follow or wait):  # not decided: the instance's tables may tell
+        found = _quick_lookup(task_id, settings)
+    if found is None:  # decided by an older run, a run that ended, --wait/--follow: ask Dagster
         found = _lookup(task_id, wait, follow, settings)
     if found.run_id:
         from ..events.outbox import Outbox
@@ -75,27 +77,53 @@ def result(task_id: str, as_json: bool, wait: float, follow: bool, patch_only: b
     sys.exit(EXIT_RESULT[found.status.value])
 
 
+def _stream_finder(settings: FleetSettings):
+    """`find_in_stream(task_id)`: the planning stream sequence of an approved plan naming the
+    task, None when there is none or NATS is unreachable."""
+
+    def find_in_stream(task_id: str) -> int | None:
+        # Only when no run knows the task: NATS is not needed before.
+        from ..events.bus import run_session
+        from ..events.plan_lookup import find_task_in_stream
+        from ..events.streams import NatsError
+
+        try:
+            return run_session(settings.nats_options(), lambda session: find_task_in_stream(session, task_id))
+        except NatsError:
+            return None
+
+    return find_in_stream
+
+
+def _quick_lookup(task_id: str, settings: FleetSettings) -> TaskResult | None:
+    """A task that has not decided, answered from the instance's tables without loading Dagster
+    (history/run_index.py); None when only Dagster can tell."""
+    from ..history.run_index import RunIndexError, open_run_index
+    from ..history.task_result import undecided_result
+
+    try:
+        index = open_run_index(dagster_home())
+        if index is None:
+            return None
+        run = index.latest_run(task_id)
+        latest = (run.run_id, run.status) if run else None
+        partition_added = run is None and index.has_partition(task_id)
+    except RunIndexError:
+        return None
+    return undecided_result(settings.storage, task_id, latest, partition_added, _stream_finder(settings))
+
+
 def _lookup(task_id: str, wait: float, follow: bool, settings: FleetSettings) -> TaskResult:
     """The task's status from the Dagster instance, polled until final with --wait/--follow."""
     import dagster as dg
 
-    from ..events.plan_lookup import find_task_in_stream
     from ..history.log import read_log
     from ..history.results import finished_turns, task_result
     from ..history.stored import read_stored
     from ..history.task_result import TERMINAL, TaskStatus
 
     dagster_home()
-
-    def find_in_stream(task_id: str) -> int | None:
-        from ..events.streams import NatsError  # only when no run knows the task: NATS is not needed before
-
-        try:
-            return settings.nats().session(
-                lambda session: find_task_in_stream(session, task_id), ensure_streams=False
-            )
-        except NatsError:
-            return None
+    find_in_stream = _stream_finder(settings)
 
     def load_decision(task_id: str):
         return read_stored(settings.storage, "decision", task_id)
@@ -107,7 +135,7 @@ def _lookup(task_id: str, wait: float, follow: bool, settings: FleetSettings) ->
     deadline = time.monotonic() + (wait or (math.inf if follow else 0))
     followed: dict[str, str | None] = {}  # run id -> its log cursor
     while True:
-        found = task_result(instance, task_id, load_decision, load_log_day, find_in_stream)
+        found = task_result(instance, settings.storage, task_id, load_decision, load_log_day, find_in_stream)
         if follow and found.run_id and found.status is not TaskStatus.PENDING:
             lines, followed[found.run_id] = finished_turns(instance, found.run_id, followed.get(found.run_id))
             for line in lines:

@@ -33,6 +33,7 @@ from ..llm.vllm_actor import VLLMActorEngine, VLLMActorSettings
 
 AnyEngineSettings = EngineSettings | VLLMActorSettings
 DEFAULT_SLOTS = 4  # an OpenAI-compatible engine that does not say how many requests it serves at once
+AFFINITY_WINDOW_S = 1.0  # deadlines this close count as one when a turn may go to its slot first
 NOT_STARTED = "NotStarted"  # error_type of a turn reported TIMEOUT without being sent
 
 
@@ -51,9 +52,11 @@ async def execute_turn(
     request: TurnRequest,
     deadline: float = math.inf,
     on_text=None,
+    slot: int | None = None,
 ) -> TurnResult:
     """Sends one turn and streams its reply; past `deadline` (time.time()) the stream is closed and
-    the turn is TIMEOUT. Engine errors come back as FAILED results, never as exceptions."""
+    the turn is TIMEOUT. Engine errors come back as FAILED results, never as exceptions. `slot`:
+    the engine slot to decode it in (llama.cpp), None to leave it to the engine."""
     start = time.perf_counter()
     streamed: list[str] = []
 
@@ -71,7 +74,8 @@ async def execute_turn(
                 request.stop,
                 request.response_schema,
                 collect,
-                **({"tools": request.tools} if request.tools else {}),
+                tools=request.tools or None,
+                slot=slot,
             )
     except TimeoutError:
         result = TurnResult.unfinished(
@@ -100,6 +104,7 @@ async def execute_turn(
         model=completion.model,
         tokens_in=completion.tokens_in,
         tokens_out=completion.tokens_out,
+        tokens_cached=completion.tokens_cached,
         latency_ms=completion.latency_ms,
         first_token_ms=completion.first_token_ms,
         attempts=completion.attempts,
@@ -121,6 +126,7 @@ class _Turn:
     finished_at: float | None = None
     result: TurnResult | None = None
     task: asyncio.Task | None = None
+    slot: int | None = None  # the engine slot granted to it
 
 
 class EngineQueue:
@@ -144,6 +150,16 @@ class EngineQueue:
         self._waiting: list[tuple[float, int, str]] = []  # (deadline, arrival, turn id): EDF heap
         self._grants: dict[str, asyncio.Future] = {}
         self._running = 0
+        # Slots by id, each with the conversation it last decoded (llama.cpp keeps that prompt in
+        # the slot's cache): a turn goes to the free slot holding its conversation, else to the
+        # free slot used longest ago. Ids are sent only to llama.cpp (`id_slot`), whose slots they
+        # are; vLLM shares cached prefixes across all requests by itself.
+        self._free_slots = list(range(self.capacity))
+        self._slot_holds: dict[int, tuple[str, str]] = {}
+        self._slot_used: dict[int, int] = {}
+        self.pin_slots = (
+            isinstance(engine, EngineSettings) and (llama_cpp_slots(engine.base_url) or 0) >= self.capacity
+        )
         self._arrivals = 0
         self._changed: asyncio.Event | None = None
         self._reaper: asyncio.Task | None = None
@@ -224,7 +240,7 @@ class EngineQueue:
         """Grants free slots to waiting turns, earliest deadline first; one that cannot finish in
         time at this engine's pace is answered with the reason instead."""
         while self._running < self.capacity and self._waiting:
-            deadline, _, turn_id = heapq.heappop(self._waiting)
+            deadline, _, turn_id = self._next_waiting()
             grant = self._grants.pop(turn_id, None)
             if grant is None or grant.done():
                 continue
@@ -242,7 +258,31 @@ class EngineQueue:
                 continue
             self._running += 1
             self.counts["peak_running"] = max(self.counts["peak_running"], self._running)
+            if turn is not None:
+                turn.slot = self._take_slot(turn.request.conversation)
             grant.set_result(None)
+
+    def _next_waiting(self) -> tuple[float, int, str]:
+        """The waiting turn to grant next: of those with the earliest deadline (within
+        `AFFINITY_WINDOW_S`: the turns of one phase of a run share theirs), the first whose
+        conversation a free slot holds, else the first."""
+        earliest = self._waiting[0][0]
+        held = {self._slot_holds.get(s) for s in self._free_slots}
+        for entry in sorted(e for e in self._waiting if e[0] <= earliest + AFFINITY_WINDOW_S):
+            turn = self._turns.get(entry[2])
+            if turn is not None and turn.request.conversation in held:
+                self._waiting.remove(entry)
+                heapq.heapify(self._waiting)
+                return entry
+        return heapq.heappop(self._waiting)
+
+    def _take_slot(self, conversation: tuple[str, str]) -> int:
+        held = [s for s in self._free_slots if self._slot_holds.get(s) == conversation]
+        slot = held[0] if held else min(self._free_slots, key=lambda s: self._slot_used.get(s, -1))
+        self._free_slots.remove(slot)
+        self._slot_holds[slot] = conversation
+        self._slot_used[slot] = self._arrivals
+        return slot
 
     async def _admit(self, turn: _Turn) -> str | None:
         """None once the turn holds a slot; otherwise why it will not be sent."""
@@ -258,15 +298,17 @@ class EngineQueue:
         except (TimeoutError, asyncio.CancelledError) as exc:
             self._grants.pop(turn.turn_id, None)
             if grant.done() and grant.result() is None:
-                self._release()  # granted in the same instant: hand the slot on
+                self._release(turn)  # granted in the same instant: hand the slot on
             if isinstance(exc, asyncio.CancelledError):
                 raise
             waited = time.time() - turn.submitted
             return f"not sent: no free engine slot before the deadline (waited {waited:.0f} s)"
         return grant.result()
 
-    def _release(self) -> None:
+    def _release(self, turn: _Turn) -> None:
         self._running -= 1
+        if turn.slot is not None:
+            self._free_slots.append(turn.slot)
         self._dispatch()
 
     async def _run(self, turn: _Turn) -> None:
@@ -283,10 +325,14 @@ class EngineQueue:
             if self._engine is None:
                 self._engine = make_engine(self.engine_settings)
             result = await execute_turn(
-                self._engine, request, turn.deadline, lambda text: self._text(turn, text)
+                self._engine,
+                request,
+                turn.deadline,
+                lambda text: self._text(turn, text),
+                turn.slot if self.pin_slots else None,
             )
         finally:
-            self._release()
+            self._release(turn)
         if result.status is TurnStatus.COMPLETED:
             seconds = result.latency_ms / 1000
             held = self._service_s.get(request.kind)

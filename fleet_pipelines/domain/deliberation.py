@@ -83,7 +83,7 @@ def critique_requests(
             critic,
             TurnKind.CRITIQUE,
             round_,
-            prompts.critique_messages(task, critic, peer.agent_id, current[peer.agent_id].content),
+            prompts.critique_messages(task, critic, peer, current[peer.agent_id].content),
             settings,
             target=peer.agent_id,
         )

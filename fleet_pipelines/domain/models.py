@@ -370,6 +370,14 @@ class TurnRequest(BaseModel):
     stop: list[str] = Field(default_factory=list)  # stop sequences (the engine ends the reply there)
     tools: list[dict] | None = None  # OpenAI `tools` (an engine with tool calling); None: text protocol
 
+    @property
+    def conversation(self) -> tuple[str, str]:
+        """(task, author) of the proposal conversation this turn starts with: a proposal its own,
+        a critique its target's, a revision its author's (domain/prompts.py lays them out so).
+        Turns of one conversation share a prompt prefix; the admission queue sends them to the
+        engine slot that last held it."""
+        return self.task_id, self.target_agent_id or self.agent_id
+
 
 class TurnResult(BaseModel):
     """What came back from one turn; failed and timed-out turns are results too."""
@@ -388,6 +396,7 @@ class TurnResult(BaseModel):
     temperature: float = 0.0
     tokens_in: int = 0
     tokens_out: int = 0
+    tokens_cached: int = 0  # of tokens_in, read from the engine's prompt cache (not computed again)
     latency_ms: float = 0.0  # service: from sending to the engine to the last token
     queue_ms: float = 0.0  # admission: waiting for a free engine slot before being sent
     first_token_ms: float = 0.0  # from sending to the first token

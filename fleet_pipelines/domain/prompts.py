@@ -79,16 +79,26 @@ def proposal_messages(task: Task, agent: AgentSpec) -> list[Message]:
     ]
 
 
-def critique_messages(task: Task, critic: AgentSpec, peer_id: str, peer_proposal: str) -> list[Message]:
-    user = (
-        f"{_task_block(task)}\n\nHere is the proposal of {peer_id}:\n\n{peer_proposal}\n\n"
-        "Critique it: list its concrete weaknesses, errors and missing requirements, and say how "
-        "to fix each. Do not rewrite the proposal."
+def critique_messages(task: Task, critic: AgentSpec, author: AgentSpec, proposal: str) -> list[Message]:
+    """The author's proposal conversation, then the critic's request: what all critiques and the
+    revision of one proposal share is a common prefix (the system prompt, the task, the proposal),
+    which an engine with a prompt cache computes once (`reviewed_conversation`)."""
+    ask = (
+        f"You are {critic.agent_id}, a peer of {author.agent_id} on this task. Critique the proposal "
+        "above: list its concrete weaknesses, errors and missing requirements, and say how to fix "
+        "each. Do not rewrite the proposal."
     )
-    return [
-        Message(role="system", content=system_prompt(task, critic)),
-        Message(role="user", content=user),
-    ]
+    return [*reviewed_conversation(task, author, proposal), Message(role="user", content=ask)]
+
+
+def reviewed_conversation(task: Task, author: AgentSpec, proposal: str) -> list[Message]:
+    """The conversation in which the author wrote the version under review: the proposal prompt
+    and the proposal as the assistant's reply. For round 0 this is, token for token, what the
+    engine has just processed and generated for the proposal, so llama.cpp finds it in the slot
+    that wrote it (the admission queue sends a proposal's reviews to that slot) and vLLM in its
+    prefix cache. A later round's version was written after critiques: the prompt and the task
+    are still shared, the version itself is new to the engine."""
+    return [*proposal_messages(task, author), Message(role="assistant", content=proposal)]
 
 
 def feedback_block(checks: Sequence[CheckResult]) -> str:
@@ -113,6 +123,8 @@ def revision_messages(
     critiques: list[tuple[str, str]],
     feedback: Sequence[CheckResult] = (),
 ) -> list[Message]:
+    """The author's proposal conversation (shared with the critiques of it), then the critiques
+    and what running its code showed."""
     received = "\n\n".join(f"Critique from {critic_id}:\n{text}" for critic_id, text in critiques)
     ran = feedback_block(feedback)
     checked = (
@@ -120,17 +132,13 @@ def revision_messages(
         if ran
         else ""
     )
-    user = (
-        f"{_task_block(task)}\n\nYour current proposal:\n\n{own_proposal}\n\n"
-        f"Your peers critiqued it:\n\n{received}\n\n{checked}"
-        + (
-            f"Write your revised patch in full, fixing what the critiques got right. {PATCH_INSTRUCTION}"
-            if task.repo is not None
-            else "Write your revised proposal in full, fixing what the critiques got right, with the same "
-            "sections and fenced code blocks."
-        )
+    ask = f"Your peers critiqued your proposal above:\n\n{received}\n\n{checked}" + (
+        f"Write your revised patch in full, fixing what the critiques got right. {PATCH_INSTRUCTION}"
+        if task.repo is not None
+        else "Write your revised proposal in full, fixing what the critiques got right, with the same "
+        "sections and fenced code blocks."
     )
     return [
-        Message(role="system", content=system_prompt(task, author)),
-        Message(role="user", content=user),
+        *reviewed_conversation(task, author, own_proposal),
+        Message(role="user", content=ask),
     ]

@@ -13,6 +13,7 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -40,6 +41,8 @@ _NATS_ERRORS = (OSError, nats.errors.Error)
 _STREAM_PAGE = 256  # streams per STREAM.INFO page
 _HEADER_ALLOWANCE = 512  # bytes of headers and protocol around a published payload
 _MAX_PLAIN_MSG_ID = 256
+
+T = TypeVar("T")
 
 
 def _why(exc: BaseException) -> str:
@@ -310,3 +313,22 @@ def _parse_headers(block: bytes) -> tuple[dict[str, str], str | None]:
             except UnicodeDecodeError:
                 msg_id = "sha256:" + hashlib.sha256(value).hexdigest()
     return headers, msg_id
+
+
+def run_session(
+    options: ConnectOptions, work: Callable[[NatsSession], Awaitable[T]], stream_replicas: int | None = None
+) -> T:
+    """Runs `work` in a short event loop on a fresh connection; with `stream_replicas`, the
+    streams are ensured first (with that many replicas). Raises NatsError when the server cannot
+    be reached."""
+
+    async def main() -> T:
+        session = await connect(options)
+        try:
+            if stream_replicas is not None:
+                await session.ensure_streams(replicas=stream_replicas)
+            return await work(session)
+        finally:
+            await session.close()
+
+    return asyncio.run(main())

@@ -21,12 +21,11 @@ import dagster as dg
 from ..domain.decision import Decision
 from ..names import DELIBERATION_JOB, DELIBERATION_PARTITIONS, PARTITION_TAG, TURN_LOG_PREFIX
 from .log import DECISION_KEY, day_of
-from .task_result import TaskResult, TaskStatus, from_decision
+from .task_result import TaskResult, TaskStatus, from_decision, undecided_result
 
 if TYPE_CHECKING:
     import pandas as pd
 
-_WAITING = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING}
 _FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
@@ -37,15 +36,6 @@ def _decided_at(instance: dg.DagsterInstance, task_id: str, run_id: str) -> floa
         dg.AssetRecordsFilter(asset_key=DECISION_KEY, asset_partitions=[task_id]), limit=1
     ).records
     return records[0].timestamp if records and records[0].run_id == run_id else None
-
-
-def _materialized(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-    return [
-        e.dagster_event.asset_key.to_user_string()
-        for e in events
-        if e.dagster_event and e.dagster_event.asset_key
-    ]
 
 
 def _from_log(task_id: str, run_id: str, day: str, table: pd.DataFrame | None) -> TaskResult:
@@ -76,65 +66,44 @@ def _from_log(task_id: str, run_id: str, day: str, table: pd.DataFrame | None) -
 
 def task_result(
     instance: dg.DagsterInstance,
+    base_path: str,
     task_id: str,
     load_decision: Callable[[str], Decision],
     load_log_day: Callable[[str], pd.DataFrame | None],
     find_in_stream: Callable[[str], int | None],
 ) -> TaskResult:
-    """`load_decision(task_id)` reads the live decision asset; `load_log_day(day)` one day of the
-    decision log (None if not built); `find_in_stream(task_id)` gives the stream sequence of a
-    not-yet-processed approved plan naming the task, or None."""
+    """`base_path` is the asset storage; `load_decision(task_id)` reads the live decision asset;
+    `load_log_day(day)` one day of the decision log (None if not built); `find_in_stream(task_id)`
+    gives the stream sequence of a not-yet-processed approved plan naming the task, or None."""
     records = instance.get_run_records(
         dg.RunsFilter(job_name=DELIBERATION_JOB, tags={PARTITION_TAG: task_id}), limit=1
     )
+    run = records[0].dagster_run if records else None
     live = instance.has_dynamic_partition(DELIBERATION_PARTITIONS, task_id)
-    if records:
-        run = records[0].dagster_run
-        if run.status in _WAITING:
-            return TaskResult(
-                task_id=task_id,
-                status=TaskStatus.PENDING,
-                detail=f"run {run.run_id} {run.status.value}",
-                source="live",
-                run_id=run.run_id,
-            )
-        decided_at = _decided_at(instance, task_id, run.run_id)
-        if decided_at is not None:
-            if live:
-                return from_decision(task_id, run.run_id, load_decision(task_id))
-            day = day_of(decided_at)
-            return _from_log(task_id, run.run_id, day, load_log_day(day))
-        if run.status in _FAILED:
-            failures = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
-            message = failures[-1].message if failures else f"run {run.status.value}"
-            return TaskResult(
-                task_id=task_id, status=TaskStatus.FAILED, detail=message, source="live", run_id=run.run_id
-            )
-        done = _materialized(instance, run.run_id)
+    latest = (run.run_id, run.status.value) if run else None
+    undecided = undecided_result(base_path, task_id, latest, live, find_in_stream)
+    if undecided is not None:
+        return undecided
+    if run is None:
+        raise AssertionError("undecided_result answers every task that has no run")
+    decided_at = _decided_at(instance, task_id, run.run_id)
+    if decided_at is not None:
+        if live:
+            return from_decision(task_id, run.run_id, load_decision(task_id))
+        day = day_of(decided_at)
+        return _from_log(task_id, run.run_id, day, load_log_day(day))
+    if run.status in _FAILED:
+        failures = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+        message = failures[-1].message if failures else f"run {run.status.value}"
         return TaskResult(
-            task_id=task_id,
-            status=TaskStatus.IN_PROGRESS,
-            detail=f"run {run.run_id} {run.status.value}; materialized: {', '.join(done) or 'nothing yet'}",
-            source="live",
-            run_id=run.run_id,
-        )
-    if live:
-        return TaskResult(
-            task_id=task_id, status=TaskStatus.PENDING, detail="partition added, no run yet", source="live"
-        )
-    seq = find_in_stream(task_id)
-    if seq is not None:
-        return TaskResult(
-            task_id=task_id,
-            status=TaskStatus.PENDING,
-            detail=f"approved plan accepted (planning stream seq {seq}), waiting for the planning sensor",
-            source="planning_stream",
+            task_id=task_id, status=TaskStatus.FAILED, detail=message, source="live", run_id=run.run_id
         )
     return TaskResult(
         task_id=task_id,
-        status=TaskStatus.NOT_FOUND,
-        detail="no run, partition or planning event",
-        source="none",
+        status=TaskStatus.IN_PROGRESS,
+        detail=f"run {run.run_id} {run.status.value}; no decision recorded yet",
+        source="live",
+        run_id=run.run_id,
     )
 
 

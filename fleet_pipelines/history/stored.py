@@ -100,6 +100,15 @@ def read_stored_entry(
     return _parse(stored), stored.get("run_id")
 
 
+def stored_run_id(base_path: str, asset: str, partition: str) -> str | None:
+    """The id of the run that stored an asset partition's value (None: nothing stored, or stored
+    before run ids were), without reading the value."""
+    try:
+        return json.loads(stored_path(base_path, asset, partition).read_text()).get("run_id")
+    except FileNotFoundError:
+        return None
+
+
 def frame_path(base_path: str, asset: str, partition: str) -> UPath:
     """Where `ParquetIOManager` keeps a table's partition (UPathIOManager's layout)."""
     return UPath(base_path) / asset / f"{safe_partition_key(partition)}.parquet"

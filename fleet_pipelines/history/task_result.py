@@ -1,22 +1,26 @@
-"""A task's status and results as `fleet result` prints them, and the quick answer from storage.
+"""A task's status and results as `fleet result` prints them, and the quick answers without Dagster.
 
-`stored_result` answers without Dagster (about a third of a second for the whole command, where
+`stored_result` answers from storage (about a third of a second for the whole command, where
 loading a Dagster instance alone takes longer): when the task's stored decision was written by
 the run that also stored its task (the first asset of every run), that run is the task's latest
-started run and it has decided. Anything else (no decision yet, a newer run going, a retried run,
-a partition removed by retention) goes to the full lookup, history/results.py.
+started run and it has decided. `undecided_result` answers a task that has not decided from its
+latest run's status and whether its partition exists (read from the instance's tables by
+history/run_index.py, or asked of Dagster by history/results.py): PENDING, IN_PROGRESS or
+NOT_FOUND. Anything else (a run that ended without a stored decision, a partition removed by
+retention) goes to the full lookup, history/results.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from ..domain.decision import Decision
-from ..names import DECISION, DELIBERATION_TASK
-from .stored import read_stored_entry
+from ..names import DECISION, DELIBERATION_ASSETS, DELIBERATION_TASK
+from .stored import read_stored_entry, stored_run_id
 
 
 class TaskStatus(StrEnum):
@@ -31,6 +35,9 @@ class TaskStatus(StrEnum):
 
 Source = Literal["live", "decision_log", "planning_stream", "none"]
 TERMINAL = {TaskStatus.COMPLETED, TaskStatus.PARTIAL, TaskStatus.FAILED, TaskStatus.TIMEOUT}
+# Dagster run statuses (DagsterRunStatus values) of a run that has not started its steps yet.
+WAITING_RUN = {"QUEUED", "NOT_STARTED", "STARTING"}
+GOING_RUN = "STARTED"
 
 
 class TaskResult(BaseModel):
@@ -77,3 +84,56 @@ def stored_result(base_path: str, task_id: str) -> TaskResult | None:
     if run_id is None or started is None or started[1] != run_id or not isinstance(decision, Decision):
         return None
     return from_decision(task_id, run_id, decision)
+
+
+def undecided_result(
+    base_path: str,
+    task_id: str,
+    latest_run: tuple[str, str] | None,
+    partition_added: bool,
+    find_in_stream: Callable[[str], int | None],
+) -> TaskResult | None:
+    """The answer for a task with no decision of its latest run: `latest_run` is (run id, Dagster
+    run status) of the task's newest deliberation run, `partition_added` whether its partition
+    exists, `find_in_stream(task_id)` the planning stream sequence of an approved plan not yet
+    processed. PENDING (a run waiting to start, a partition with no run, a plan in the stream),
+    IN_PROGRESS (a run going that has not stored its decision) or NOT_FOUND; None when the run has
+    ended or has stored its decision: only the Dagster instance knows more (history/results.py)."""
+    if latest_run is not None:
+        run_id, status = latest_run
+        if status in WAITING_RUN:
+            return TaskResult(
+                task_id=task_id,
+                status=TaskStatus.PENDING,
+                detail=f"run {run_id} {status}",
+                source="live",
+                run_id=run_id,
+            )
+        if status != GOING_RUN or stored_run_id(base_path, DECISION, task_id) == run_id:
+            return None
+        done = [asset for asset in DELIBERATION_ASSETS if stored_run_id(base_path, asset, task_id) == run_id]
+        return TaskResult(
+            task_id=task_id,
+            status=TaskStatus.IN_PROGRESS,
+            detail=f"run {run_id} {status}; stored: {', '.join(done) or 'nothing yet'}",
+            source="live",
+            run_id=run_id,
+        )
+    if partition_added:
+        return TaskResult(
+            task_id=task_id, status=TaskStatus.PENDING, detail="partition added, no run yet", source="live"
+        )
+    seq = find_in_stream(task_id)
+    if seq is not None:
+        return TaskResult(
+            task_id=task_id,
+            status=TaskStatus.PENDING,
+            detail=f"approved plan accepted (planning stream seq {seq}), waiting for the planning sensor",
+            source="planning_stream",
+        )
+    return TaskResult(
+        task_id=task_id,
+        status=TaskStatus.NOT_FOUND,
+        detail="no run, partition or planning event",
+        source="none",
+    )

@@ -62,6 +62,7 @@ class Completion:
     latency_ms: float  # from sending to the last token (service time)
     first_token_ms: float
     attempts: int
+    tokens_cached: int = 0  # prompt tokens the engine read from its prompt cache
 
 
 class Engine(Protocol):
@@ -76,8 +77,12 @@ class Engine(Protocol):
         stop: list[str] | None = None,
         response_schema: dict | None = None,
         on_text: OnText | None = None,
+        tools: list[dict] | None = None,
+        slot: int | None = None,
     ) -> Completion:
-        """One streamed chat completion; with `response_schema` the reply is that JSON schema's."""
+        """One streamed chat completion; with `response_schema` the reply is that JSON schema's;
+        `tools`: OpenAI tools, the calls returned written into the reply in the text protocol;
+        `slot`: the engine slot to decode it in (llama.cpp's `id_slot`), None: the engine picks."""
         ...
 
 
@@ -141,11 +146,14 @@ class ChatEngine:
         response_schema: dict | None = None,
         on_text: OnText | None = None,
         tools: list[dict] | None = None,
+        slot: int | None = None,
     ) -> Completion:
         """One streamed chat completion; with `response_schema` the engine constrains the reply to
         that JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM guided decoding).
         With `tools` (OpenAI tool calling) the calls the engine returns are written into the reply
-        in the text protocol's form (`domain.tools.render_call`), so one parser reads both."""
+        in the text protocol's form (`domain.tools.render_call`), so one parser reads both. With
+        `slot`, llama.cpp decodes it in that slot, reusing the prompt prefix the slot holds
+        (`id_slot`, `cache_prompt`); only for llama.cpp, whose slots the ids are."""
         s = self.settings
         attempts = 0
         retrying = AsyncRetrying(
@@ -159,7 +167,15 @@ class ChatEngine:
                 with attempt:
                     attempts += 1
                     return await self._attempt(
-                        messages, temperature, max_tokens, stop, response_schema, on_text, attempts, tools
+                        messages,
+                        temperature,
+                        max_tokens,
+                        stop,
+                        response_schema,
+                        on_text,
+                        attempts,
+                        tools,
+                        slot,
                     )
         except _Streamed as exc:
             raise EngineError(
@@ -181,7 +197,7 @@ class ChatEngine:
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def _attempt(
-        self, messages, temperature, max_tokens, stop, response_schema, on_text, attempts, tools
+        self, messages, temperature, max_tokens, stop, response_schema, on_text, attempts, tools, slot=None
     ):
         s = self.settings
         response_format = (
@@ -203,6 +219,7 @@ class ChatEngine:
             tools=tools or openai.NOT_GIVEN,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body=None if slot is None else {"id_slot": slot, "cache_prompt": True},
         )
         try:
             stream = await asyncio.wait_for(opening, s.first_token_timeout_s)
@@ -213,7 +230,7 @@ class ChatEngine:
         parts: list[str] = []
         calls: dict[int, list[str]] = {}  # streamed tool calls by index: name, then argument pieces
         first_token_ms = 0.0
-        model, tokens_in, tokens_out = s.model, 0, 0
+        model, tokens_in, tokens_out, tokens_cached = s.model, 0, 0, 0
         async with stream:  # leaving the block (error, cancel, deadline) closes the response
             chunks = aiter(stream)
             while True:
@@ -234,6 +251,8 @@ class ChatEngine:
                 model = chunk.model or model
                 if chunk.usage:
                     tokens_in, tokens_out = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                    details = chunk.usage.prompt_tokens_details  # llama.cpp, vLLM: cached_tokens
+                    tokens_cached = (details.cached_tokens or 0) if details else 0
                 delta = chunk.choices[0].delta if chunk.choices else None
                 for call in (delta.tool_calls or []) if delta is not None else []:
                     pieces = calls.setdefault(call.index, ["", ""])
@@ -257,6 +276,7 @@ class ChatEngine:
             model=model,
             tokens_in=tokens_in,
             tokens_out=tokens_out or len(parts),
+            tokens_cached=tokens_cached,
             latency_ms=(time.perf_counter() - start) * 1000,
             first_token_ms=first_token_ms,
             attempts=attempts,

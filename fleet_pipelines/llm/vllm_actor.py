@@ -48,6 +48,8 @@ class VLLMEngineActor:
                 tensor_parallel_size=settings.tensor_parallel_size,
                 gpu_memory_utilization=settings.gpu_memory_utilization,
                 max_num_seqs=settings.max_num_seqs,
+                # Reviews continue their proposal's conversation: the shared prefix is cached once.
+                enable_prefix_caching=True,
             )
         )
         self.tokenizer = self.engine.get_tokenizer()
@@ -144,7 +146,10 @@ class VLLMActorEngine:
         response_schema: dict | None = None,
         on_text: OnText | None = None,
         tools: list[dict] | None = None,
+        slot: int | None = None,
     ) -> Completion:
+        """`slot` is not used: vLLM finds a request's cached prefix in any sequence (automatic
+        prefix caching, `enable_prefix_caching`)."""
         s = self.settings
         try:
             if not self._loaded:  # the actor's constructor loads the model; any call waits for it

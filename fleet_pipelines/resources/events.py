@@ -66,19 +66,9 @@ class NatsResource(_ConnectFields):
 
         Raises events.streams.NatsError when the server cannot be reached.
         """
+        from ..events.bus import run_session
 
-        from ..events.bus import connect
-
-        async def main() -> T:
-            session = await connect(self.options())
-            try:
-                if ensure_streams:
-                    await session.ensure_streams(replicas=self.stream_replicas)
-                return await work(session)
-            finally:
-                await session.close()
-
-        return asyncio.run(main())
+        return run_session(self.options(), work, self.stream_replicas if ensure_streams else None)
 
     @contextmanager
     def publisher(self, run_id: str) -> Iterator[EventSink]:

@@ -234,3 +234,56 @@ def test_runs_through_ray_client_share_one_queue_and_stream_back(
         turns = _streamed_turns(nats_resource, f"client-run-{i}")
         for agent_id, content in report["contents"].items():
             assert "".join(c["text"] for c in turns[(agent_id, "propose", None)]) == content
+
+
+def test_reviews_go_to_the_slot_that_wrote_their_proposal_and_reuse_its_prompt(llm_server: str):
+    """The queue sends a proposal's critiques and revision to the llama.cpp slot that wrote it
+    (`id_slot`), where the proposal's conversation is still cached: llama.cpp reports the prompt
+    tokens it did not compute again (`cached_tokens`), at least the whole proposal conversation."""
+    import asyncio
+
+    from fleet_pipelines.dispatch.admission import EngineQueue
+    from fleet_pipelines.domain.deliberation import critique_requests, revision_requests
+
+    settings = CouncilSettings(max_tokens=24)
+    task = Task(
+        task_id="affinity", description="Write add(a, b) in Python.", role=Role.DEV, num_agents=3, rounds=1
+    )
+    council = build_council(Role.DEV, 3, settings)
+
+    async def run_all() -> tuple[EngineQueue, list, list, list]:
+        queue = EngineQueue(engine(llm_server))
+        assert queue.capacity == 3 and queue.pin_slots
+
+        async def phase(requests: list[TurnRequest]) -> list:
+            ids = [f"{r.kind.value}-{r.agent_id}-{r.target_agent_id}" for r in requests]
+            deadline = time.time() + 300  # one run's deadline
+            await queue.submit([(i, r, deadline) for i, r in zip(ids, requests, strict=True)])
+            await asyncio.gather(*(queue._turns[i].task for i in ids))  # each turn's run to its result
+            return [(queue._turns[i].slot, queue._turns[i].result) for i in ids]
+
+        written = await phase(proposal_requests(task, council, settings))
+        current = {result.agent_id: result for _, result in written}
+        critiqued = await phase(critique_requests(task, council, settings, 1, current))
+        revised = await phase(
+            revision_requests(task, council, settings, 1, current, [r for _, r in critiqued])
+        )
+        return queue, written, critiqued, revised
+
+    queue, written, critiqued, revised = asyncio.run(run_all())
+    assert all(r.ok for _, r in [*written, *critiqued, *revised])
+    slot_of = {result.agent_id: slot for slot, result in written}
+    assert sorted(slot_of.values()) == [0, 1, 2]  # three proposals, one per slot
+    # 6 critiques for 3 slots: when a slot frees, a waiting critique of the proposal it holds
+    # goes next; only a critique whose slot stays busy to the end may go elsewhere.
+    at_home = [(slot, r) for slot, r in critiqued if slot == slot_of[r.target_agent_id]]
+    assert len(at_home) >= 5, [(slot, r.target_agent_id) for slot, r in critiqued]
+    assert all(slot == slot_of[r.agent_id] for slot, r in revised)  # 3 revisions, 3 free slots
+    # What a review in its proposal's slot read from the cache: at least the proposal's
+    # conversation (its prompt and its reply), less a token or two where the reply's text
+    # tokenizes differently from the tokens generated.
+    proposal_tokens = {r.agent_id: r.tokens_in + r.tokens_out for _, r in written}
+    for _, review in [*at_home, *revised]:
+        author = review.target_agent_id or review.agent_id
+        assert review.tokens_cached >= proposal_tokens[author] - 2, (review.kind, review.tokens_cached)
+    assert queue.counts["sent"] == 12

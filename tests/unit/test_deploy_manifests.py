@@ -262,6 +262,7 @@ def test_the_engine_capacity_the_admission_queue_uses_is_the_vllm_deployments():
     (vllm,) = [d for d in of_kind(load_docs(K8S), "Deployment") if d["metadata"]["name"] == "fleet-vllm"]
     args = vllm["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--max-num-seqs=$(FLEET_VLLM_MAX_NUM_SEQS)" in args
+    assert "--enable-prefix-caching" in args  # reviews read their proposal's prefix from the cache
     max_num_seqs = int(config["data"]["FLEET_VLLM_MAX_NUM_SEQS"])
     slots = int(config["data"]["FLEET_ENGINE_SLOTS"])
     assert slots == vllm["spec"]["replicas"] * max_num_seqs

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from fleet_pipelines.domain import prompts
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import current_versions, proposal_requests, review_rounds
-from fleet_pipelines.domain.models import Constraints, Role, Task, TurnKind, TurnStatus
+from fleet_pipelines.domain.models import Constraints, Message, Role, Task, TurnKind, TurnStatus
 from tests.scripted import ScriptedEngine
 
 SETTINGS = CouncilSettings(temperature=0.7, max_tokens=64)
@@ -96,7 +96,7 @@ def test_rounds_critique_every_peer_and_revise_own_proposal():
     assert all(c.agent_id != c.target_agent_id for c in critiques)
     # A revision in round 2 starts from the author's own round-1 revision and the critiques of it.
     round2 = next(b for b in engine.batches if b and b[0].kind is TurnKind.REVISE and b[0].round == 2)
-    prompt = round2[0].messages[-1].content
+    prompt = "\n".join(m.content for m in round2[0].messages)
     assert "revise by agent-dev-001 round 1" in prompt
     assert "critique by agent-dev-002 round 2 on agent-dev-001" in prompt
     assert "on agent-dev-002" not in prompt
@@ -195,3 +195,22 @@ def test_authors_see_their_own_check_results_before_revising():
         architect, council, forced, engine(proposal_requests(architect, council, forced)), engine, check_code
     )
     assert len(checked) == 2
+
+
+def test_reviews_of_a_proposal_continue_its_conversation():
+    """Every critique and the revision of a proposal start with the messages the author's proposal
+    was written from and the proposal itself, token for token: the prefix an engine's prompt cache
+    holds once (llama.cpp in the slot that wrote it, vLLM in its prefix cache)."""
+    task = make_task(rounds=1)
+    council = build_council(task.role, 3, SETTINGS)
+    engine = ScriptedEngine()
+    proposals = engine(proposal_requests(task, council, SETTINGS))
+    history = review_rounds(task, council, SETTINGS, proposals, engine)
+    requests = [r for batch in engine.batches for r in batch]
+    for proposal_request, proposal in zip(requests[:3], proposals, strict=True):
+        written = [*proposal_request.messages, Message(role="assistant", content=proposal.content)]
+        reviews = [r for r in requests[3:] if (r.target_agent_id or r.agent_id) == proposal.agent_id]
+        assert {r.kind for r in reviews} == {TurnKind.CRITIQUE, TurnKind.REVISE} and len(reviews) == 3
+        assert all(r.messages[: len(written)] == written for r in reviews)
+        assert all(r.conversation == (task.task_id, proposal.agent_id) for r in [proposal_request, *reviews])
+    assert len(history) == 9
