@@ -33,7 +33,16 @@ DECISION_EVENTS = "decision_events"
 STORY_CONTEXT = "story_context"
 REVIEWS = "reviews"
 # Those whose values a run stores as JSON files (history/stored.py), in the order a run stores them.
-DELIBERATION_ASSETS = (DELIBERATION_TASK, STORY_CONTEXT, COUNCIL, PROPOSALS, REVIEWS, SCORES, DECISION)
+DELIBERATION_ASSETS = (
+    DELIBERATION_TASK,
+    STORY_CONTEXT,
+    WORKSPACE,
+    COUNCIL,
+    PROPOSALS,
+    REVIEWS,
+    SCORES,
+    DECISION,
+)
 STORY_DECISIONS = "story_decisions"
 DECISION_LOG = "decision_log"
 
