@@ -96,3 +96,19 @@ def stack_env(llm_server: str, ray_head: str, tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
     monkeypatch.setenv("FLEET_MAX_TOKENS", os.environ.get("FLEET_TEST_MAX_TOKENS", "128"))
     return FleetSettings.from_env().resources()
+
+
+@pytest.fixture
+def traversable_dir() -> Iterator[Path]:
+    """A folder the sandbox's uids can traverse (pytest's tmp_path is root-only), removed after
+    the test even where a workspace in it was made read-only."""
+    import shutil
+    import tempfile
+
+    from fleet_pipelines.workspace.checkout import make_writable
+
+    made = Path(tempfile.mkdtemp(prefix="fleet-test-"))
+    os.chmod(made, 0o755)
+    yield made
+    make_writable(made)
+    shutil.rmtree(made, ignore_errors=True)

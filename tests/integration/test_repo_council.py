@@ -11,12 +11,8 @@ fresh sandboxed copy by the repository's own tests and the hidden tests.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -42,7 +38,6 @@ from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.io import DomainIOManager
 from fleet_pipelines.resources.repos import ReposConfig
 from fleet_pipelines.scoring.sandbox import isolation_available
-from fleet_pipelines.workspace.checkout import make_writable
 from fleet_pipelines.workspace.push import remote_branch_commit
 from tests.scripted import ScriptedTurnRunner
 
@@ -81,13 +76,9 @@ TOOL_REPLIES = [  # agent-dev-003 looks before it answers: two calls, then one i
 
 
 @pytest.fixture
-def workspaces() -> Iterator[Path]:
-    """A workspace root the sandbox's uids can traverse (pytest's tmp_path is root-only)."""
-    root = Path(tempfile.mkdtemp(prefix="fleet-ws-test-"))
-    os.chmod(root, 0o755)
-    yield root
-    make_writable(root)
-    shutil.rmtree(root, ignore_errors=True)
+def workspaces(traversable_dir: Path) -> Path:
+    """The workspace root: a folder the sandbox's uids can traverse."""
+    return traversable_dir
 
 
 def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(

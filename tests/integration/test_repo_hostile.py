@@ -6,12 +6,9 @@ command that forks or hangs is bounded like any sandboxed run. Real git, real sa
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +16,7 @@ import pytest
 from fleet_pipelines.domain.models import RepoSpec
 from fleet_pipelines.evaluation.repo_suite import git_commit_all
 from fleet_pipelines.scoring.sandbox import isolation_available
-from fleet_pipelines.workspace.checkout import CheckoutError, CheckoutLimits, checkout, git_env, make_writable
+from fleet_pipelines.workspace.checkout import CheckoutError, CheckoutLimits, checkout, git_env
 from fleet_pipelines.workspace.prepare import prepare_workspace
 from fleet_pipelines.workspace.runs import RepoRunLimits, baseline, score_patch
 
@@ -38,12 +35,8 @@ def make_repo(path: Path, files: dict[str, str | bytes]) -> Path:
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    made = Path(tempfile.mkdtemp(prefix="fleet-hostile-"))
-    os.chmod(made, 0o755)
-    yield made
-    make_writable(made)
-    shutil.rmtree(made, ignore_errors=True)
+def root(traversable_dir: Path) -> Path:
+    return traversable_dir
 
 
 def test_hooks_and_filters_never_run_neither_the_repos_nor_the_hosts(tmp_path, root, monkeypatch):
