@@ -62,12 +62,12 @@ def test_deliberate_sensor_run_event_and_result(
     assert pending.returncode == 0 and json.loads(pending.stdout)["status"] == "PENDING", pending.stdout
 
     instance = dg.DagsterInstance.from_config(str(home))
-    context = dg.build_sensor_context(
+    with dg.build_sensor_context(  # closed: see tests/integration/test_sensor_planning.py's tick()
         instance_ref=instance.get_ref(),
         definitions=defs,
         resources={"nats": nats_resource, "council": CouncilResource()},
-    )
-    tick = defs.get_sensor_def(PLANNING_SENSOR).evaluate_tick(context)
+    ) as context:
+        tick = defs.get_sensor_def(PLANNING_SENSOR).evaluate_tick(context)
     [request] = tick.run_requests
     assert request.partition_key == task_id and request.tags["fleet/role"] == "DEV"
     # What the daemon does with the tick: store the partitions, then launch the requested run

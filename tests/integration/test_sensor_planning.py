@@ -52,13 +52,15 @@ def seq(cursor: str | None) -> int | None:
 
 def tick(instance: dg.DagsterInstance, nats: NatsResource, cursor: str | None):
     """One sensor evaluation as the daemon runs it; returns (run requests, new cursor, skip, data)."""
-    context = dg.build_sensor_context(
+    # Closed after the tick: the context enters an instance of its own from the ref, and one left
+    # entered keeps its defs-state storage in Dagster's context variable after it is collected.
+    with dg.build_sensor_context(
         instance_ref=instance.get_ref(),
         cursor=cursor,
         definitions=defs,
         resources={"nats": nats, "council": CouncilResource()},
-    )
-    data = SENSOR.evaluate_tick(context)
+    ) as context:
+        data = SENSOR.evaluate_tick(context)
     return data.run_requests or [], data.cursor, data.skip_message, data
 
 
