@@ -49,6 +49,7 @@ from fleet_pipelines.events.streams import PLAN_APPROVED
 from fleet_pipelines.history.results import finished_turns
 from fleet_pipelines.llm.engine import llama_cpp_slots
 from fleet_pipelines.resources.events import NatsResource
+from fleet_pipelines.settings import FleetSettings
 
 DESCRIPTION = (
     "Write a function merge_intervals(intervals) that merges overlapping intervals given as a list "
@@ -63,6 +64,13 @@ FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.Dagster
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def product_timeout_s(k: int) -> float:
+    """How long the product part may take before the benchmark gives up: the runs of one engine
+    follow one another (the run queue's `fleet/engine` limit), each within its deadline, plus a
+    run's start and end, the sensor and the queue."""
+    return k * (FleetSettings.from_env().deliberation_timeout_s + 60) + 120
 
 
 def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
@@ -92,6 +100,7 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
     started = time.time()
     NatsResource(url=dev.env["NATS_URL"]).publish(plans)
     runs: dict[str, dg.DagsterRun] = {}
+    give_up = time.monotonic() + product_timeout_s(k)
     while len(runs) < k or any(
         instance.get_run_by_id(r.run_id).status not in FINISHED for r in runs.values()
     ):
@@ -100,6 +109,8 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
                 found = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": task_id}), limit=1)
                 if found:
                     runs[task_id] = found[0]
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"{k} deliberations not ended after {product_timeout_s(k):.0f} s: {runs}")
         time.sleep(2)
     records = [instance.get_run_record_by_id(r.run_id) for r in runs.values()]
     statuses: Counter[str] = Counter()
@@ -195,8 +206,7 @@ def main() -> None:
         with stack.fleet_dev(root, args.max_tokens, engine_url=recorder.start()) as dev:
             log(f"{args.concurrent} deliberations …")
             product = run_product(dev, args.concurrent, args.agents, args.rounds)
-            # Replayed while the stack is still up, idle: in the first smoke run the engine server
-            # logged its exit when `fleet dev` stopped (cause not investigated yet).
+            # Replayed while the stack is still up and idle (nothing else in the engine).
             calls = [c for c in recorder.calls if c.ended is not None]
             link_reads(calls)
             slots = llama_cpp_slots(engine_url) or DEFAULT_SLOTS

@@ -11,6 +11,11 @@ from the text: a request reads every earlier reply that its messages quote.
 request it reads has finished, at most `slots` at once (the engine's slot count), earliest
 recorded first; a request pinned to a slot (`id_slot`) waits for that slot, as the product's
 admission queue does. Its wall time over the product's is `goodput_same_work`.
+
+Both clients open a connection per request (`force_close`): llama.cpp's server answers a streamed
+completion with `Keep-Alive: timeout=5, max=100` and then closes the connection right after the
+last chunk, so a pooled connection reused at once (a request sent the moment the one it reads
+ended, which is how the replay sends) is written into a closing socket and fails.
 """
 
 from __future__ import annotations
@@ -136,7 +141,9 @@ class Recorder:
             self.calls.append(call)
         if self._session is None:  # one connection pool, in the recorder's loop
             timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-            self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+            self._session = aiohttp.ClientSession(
+                timeout=timeout, auto_decompress=False, connector=aiohttp.TCPConnector(force_close=True)
+            )
         async with self._session.request(
             request.method, self.upstream + request.path_qs, data=body, headers=headers
         ) as upstream:
@@ -180,7 +187,8 @@ async def _replay(engine_url: str, calls: list[Call], slots: int) -> tuple[list[
     replayed: list[Call] = [Call(body=c.body, sent=0.0, reads=c.reads) for c in calls]
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
 
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    connector = aiohttp.TCPConnector(force_close=True)  # see the module's docstring
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
         async def one(i: int) -> None:
             for j in calls[i].reads:
