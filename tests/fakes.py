@@ -2,7 +2,9 @@
 
 `FakeOpenAIServer` speaks just enough of the OpenAI chat API (plain and `stream=True`) to answer
 5xx, hang before the first token, stall between tokens, or answer slowly on a scripted request;
-llama.cpp's server cannot be made to do those on cue.
+llama.cpp's server cannot be made to do those on cue. `close_after_s` reproduces, on cue, what
+llama.cpp's server does after every streamed reply: HTTP/1.1, chunked, `Keep-Alive` advertised,
+and the connection closed right after the last chunk.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ class Fault:
     delay_s: float = 0.0  # sleep before answering (a slow or hanging engine)
     content: str = "```python\ndef add(a, b):\n    return a + b\n```"
     stall_after: int | None = None  # streaming: stop sending after this many pieces (and hang)
+    # streaming as llama.cpp's server does: HTTP/1.1 chunked with keep-alive advertised, then the
+    # connection closed this long after the last chunk (a request sent on it meanwhile is lost)
+    close_after_s: float | None = None
 
 
 @dataclass
@@ -87,10 +92,16 @@ class FakeOpenAIServer:
             def _stream(self, body: dict, fault: Fault) -> None:
                 """Server-sent events, one piece per line of the content, then usage and [DONE]."""
                 pieces = fault.content.splitlines(keepends=True)
+                chunked = fault.close_after_s is not None
+                if chunked:
+                    self.protocol_version = "HTTP/1.1"  # the connection still closes after this reply
 
                 def event(data: dict | str) -> None:
                     text = data if isinstance(data, str) else json.dumps(data)
-                    self.wfile.write(f"data: {text}\n\n".encode())
+                    payload = f"data: {text}\n\n".encode()
+                    if chunked:
+                        payload = b"%x\r\n%s\r\n" % (len(payload), payload)
+                    self.wfile.write(payload)
                     self.wfile.flush()
 
                 def chunk(delta: dict, usage: dict | None = None) -> dict:
@@ -101,6 +112,9 @@ class FakeOpenAIServer:
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
+                    if chunked:
+                        self.send_header("Transfer-Encoding", "chunked")
+                        self.send_header("Keep-Alive", "timeout=5, max=100")
                     self.end_headers()
                     for i, piece in enumerate(pieces):
                         if fault.stall_after is not None and i >= fault.stall_after:
@@ -110,6 +124,10 @@ class FakeOpenAIServer:
                         chunk({}, {"prompt_tokens": 7, "completion_tokens": len(pieces), "total_tokens": 7})
                     )
                     event("[DONE]")
+                    if chunked:
+                        self.wfile.write(b"0\r\n\r\n")
+                        self.wfile.flush()
+                        time.sleep(fault.close_after_s)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 

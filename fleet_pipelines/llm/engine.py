@@ -13,6 +13,12 @@ and only while no token has streamed yet. A 429 ("busy") is never retried: admis
 requests off a full engine. A stall (first-token or idle timeout) is not retried either: the
 engine has the slot and is not answering. Errors that end a turn are raised as `EngineError` with a
 `kind` a person can act on.
+
+Each request opens its own connection (no keep-alive pool): llama.cpp's server answers a streamed
+completion with `Keep-Alive: timeout=5, max=100` and closes the connection right after its last
+chunk, so a pooled connection taken at once by the next turn (the admission queue sends one the
+moment a slot frees) is often already closing: that turn failed its first attempt and waited a
+backoff. A local connection costs far less than a turn.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import httpx
 import openai
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -135,6 +142,9 @@ class ChatEngine:
                 pool=None,
             ),
             max_retries=0,  # tenacity owns retries, so attempts are counted and reported
+            http_client=openai.DefaultAsyncHttpxClient(  # a connection per request: see the docstring
+                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=0)
+            ),
         )
 
     async def stream(

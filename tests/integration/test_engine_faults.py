@@ -102,6 +102,22 @@ def test_a_slow_answer_that_keeps_streaming_is_never_cut():
     assert result.first_token_ms >= 1000 and result.attempts == 1
 
 
+def test_turns_sent_back_to_back_to_an_engine_that_closes_after_each_stream_need_one_attempt():
+    """llama.cpp closes a streamed reply's connection right after its last chunk while advertising
+    keep-alive: a turn sent at once on that pooled connection was lost and retried after a
+    backoff. Each request on its own connection, every turn goes through on its first attempt."""
+    with FakeOpenAIServer([Fault(close_after_s=0.5)]).running() as fake:
+
+        async def back_to_back():
+            one_engine = make_engine(engine(fake.base_url, max_attempts=3))
+            return [await execute_turn(one_engine, REQUEST) for _ in range(4)]
+
+        results = asyncio.run(back_to_back())
+    assert [r.status for r in results] == [TurnStatus.COMPLETED] * 4
+    assert [r.attempts for r in results] == [1, 1, 1, 1]
+    assert len(fake.requests) == 4 and all("def add" in r.content for r in results)
+
+
 def test_engine_down_fails_after_retries_with_connection_error():
     from fleet_pipelines.stack import free_port
 
