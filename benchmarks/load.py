@@ -83,7 +83,8 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
             single_task_plan(
                 task_id,
                 {
-                    "description": DESCRIPTION,
+                    # its id in the text: each engine request is told to its run (`breakdown`)
+                    "description": f"{DESCRIPTION} (Ticket {task_id}.)",
                     "role": "DEV",
                     "num_agents": agents,
                     "rounds": rounds,
@@ -112,7 +113,7 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
         if time.monotonic() > give_up:
             raise TimeoutError(f"{k} deliberations not ended after {product_timeout_s(k):.0f} s: {runs}")
         time.sleep(2)
-    records = [instance.get_run_record_by_id(r.run_id) for r in runs.values()]
+    records = {task_id: instance.get_run_record_by_id(r.run_id) for task_id, r in runs.items()}
     statuses: Counter[str] = Counter()
     turns: Counter[str] = Counter()
     for run in runs.values():
@@ -126,25 +127,30 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
         "failed_turns": turns["failed"],
         "timed_out_turns": turns["timeout"],
         "published": started,
-        # (created, started, ended) of each run, time.time() values
-        "runs": sorted((r.create_timestamp.timestamp(), r.start_time, r.end_time) for r in records),
-        "wall_s": max(r.end_time for r in records) - started,
+        # (created, started, ended, task id) of each run, time.time() values
+        "runs": sorted(
+            (r.create_timestamp.timestamp(), r.start_time, r.end_time, task_id)
+            for task_id, r in records.items()
+        ),
+        "wall_s": max(r.end_time for r in records.values()) - started,
     }
 
 
 def breakdown(product: dict, calls: list[Call]) -> tuple[dict[str, float], dict[str, float]]:
     """Where the product's wall went while no request was in the engine, and Dagster's cost per
     run (run start to its first engine request, its last to the run's end; medians). A call
-    belongs to the run in whose start..end it was sent (runs of one engine follow one another)."""
+    belongs to the run whose task id its prompt carries. Runs of one engine overlap (one holds
+    the engine, one waits in reserve), so the idle categories of two runs may count the same
+    idle second; `idle_engine_total` counts each once."""
     busy = busy_intervals(calls)
     out = {"sensor_and_queue": 0.0, "run_start": 0.0, "before_first_turn": 0.0, "between_phases": 0.0}
     out |= {"scoring": 0.0, "after_last_turn": 0.0, "between_runs": 0.0}
     to_first, after_last = [], []
-    first_created = min(created for created, _, _ in product["runs"])
+    first_created = min(created for created, _, _, _ in product["runs"])
     out["sensor_and_queue"] = idle_within(busy, product["published"], first_created)
     previous_end = None
-    for created, started, ended in product["runs"]:
-        mine = [c for c in calls if started <= c.sent <= ended]
+    for created, started, ended, task_id in product["runs"]:
+        mine = [c for c in calls if f"Ticket {task_id}." in json.dumps(c.body.get("messages", []))]
         out["run_start"] += idle_within(busy, created, started)
         if previous_end is not None and created > previous_end:
             out["between_runs"] += idle_within(busy, previous_end, created)
