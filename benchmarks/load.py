@@ -14,7 +14,9 @@ free ports with the pass-through as its engine. Then:
 3. one JSON object as the last line: {"concurrent", "statuses", "failed_turns", "timed_out_turns",
    "goodput_same_work" (replay wall / product wall), "slot_occupancy", "by_kind" (per kind, time
    to first token and tokens per second of service, product and replay), "breakdown" (where the
-   product's wall went with no request in the engine), "dagster_per_run", "wall_s", ...}.
+   product's wall went with no request in the engine), "dagster_per_run" (medians: run start to
+   its first engine request, the same less that request's wait in the admission queue, last
+   request to run end), "wall_s", ...}.
 
 `slot_occupancy` is the engine's slot-seconds in service (every request's service time, as the
 pass-through saw it) over its slots x `wall_s`: how busy the product kept the engine.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -57,7 +60,7 @@ DESCRIPTION = (
 )
 REQUIREMENTS = ["handles empty input", "sorted output"]
 TURN_LINE = re.compile(
-    r"^turn \S+ (\w+) .*: (completed|failed|timeout), (\d+) tokens, queue [\d.]+ s, service ([\d.]+) s"
+    r"^turn \S+ (\w+) .*: (completed|failed|timeout), (\d+) tokens, queue ([\d.]+) s, service ([\d.]+) s"
 )
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
@@ -116,14 +119,19 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
     records = {task_id: instance.get_run_record_by_id(r.run_id) for task_id, r in runs.items()}
     statuses: Counter[str] = Counter()
     turns: Counter[str] = Counter()
-    for run in runs.values():
+    first_queued: dict[str, float] = {}  # per task: how long its first proposal waited for the engine
+    for task_id, run in runs.items():
         lines, _ = finished_turns(instance, run.run_id, None)
         for line in lines:
-            turns[TURN_LINE.search(line).group(2)] += 1
+            match = TURN_LINE.search(line)
+            turns[match.group(2)] += 1
+            if match.group(1) == "propose":
+                first_queued[task_id] = min(first_queued.get(task_id, math.inf), float(match.group(4)))
         statuses[decision_status(instance, run.run_id)] += 1
     return {
         "statuses": dict(statuses),
         "turns": sum(turns.values()),
+        "first_queued": first_queued,
         "failed_turns": turns["failed"],
         "timed_out_turns": turns["timeout"],
         "published": started,
@@ -145,7 +153,7 @@ def breakdown(product: dict, calls: list[Call]) -> tuple[dict[str, float], dict[
     busy = busy_intervals(calls)
     out = {"sensor_and_queue": 0.0, "run_start": 0.0, "before_first_turn": 0.0, "between_phases": 0.0}
     out |= {"scoring": 0.0, "after_last_turn": 0.0, "between_runs": 0.0}
-    to_first, after_last = [], []
+    to_first, to_asked, after_last = [], [], []
     first_created = min(created for created, _, _, _ in product["runs"])
     out["sensor_and_queue"] = idle_within(busy, product["published"], first_created)
     previous_end = None
@@ -159,6 +167,9 @@ def breakdown(product: dict, calls: list[Call]) -> tuple[dict[str, float], dict[
             continue
         first, last = min(c.sent for c in mine), max(c.ended or c.sent for c in mine)
         to_first.append(first - started)
+        # less the wait of its first turn in the admission queue (a run in reserve waits there
+        # for the engine): what the run's start and first steps cost
+        to_asked.append(first - started - product["first_queued"].get(task_id, 0.0))
         after_last.append(ended - last)
         out["before_first_turn"] += idle_within(busy, started, first)
         out["after_last_turn"] += idle_within(busy, last, ended)
@@ -172,6 +183,7 @@ def breakdown(product: dict, calls: list[Call]) -> tuple[dict[str, float], dict[
     )
     per_run = {
         "run_start_to_first_request_s": round(statistics.median(to_first), 2) if to_first else None,
+        "run_start_to_first_turn_queued_s": round(statistics.median(to_asked), 2) if to_asked else None,
         "last_request_to_run_end_s": round(statistics.median(after_last), 2) if after_last else None,
     }
     return {k: round(v, 1) for k, v in out.items()}, per_run
