@@ -43,7 +43,16 @@ from collections import Counter
 from pathlib import Path
 
 import dagster as dg
-from same_work import Call, Recorder, busy_intervals, by_kind, idle_within, link_reads, replay
+from same_work import (
+    Call,
+    Recorder,
+    busy_intervals,
+    by_kind,
+    flush_llama_cpp_slots,
+    idle_within,
+    link_reads,
+    replay,
+)
 
 from fleet_pipelines import stack
 from fleet_pipelines.dispatch.admission import DEFAULT_SLOTS
@@ -227,7 +236,10 @@ def main() -> None:
             # Replayed while the stack is still up and idle (nothing else in the engine).
             calls = [c for c in recorder.calls if c.ended is not None]
             link_reads(calls)
-            slots = llama_cpp_slots(engine_url) or DEFAULT_SLOTS
+            llama_slots = llama_cpp_slots(engine_url)
+            slots = llama_slots or DEFAULT_SLOTS
+            if llama_slots:  # as cold as the product found it (same_work.flush_llama_cpp_slots)
+                flush_llama_cpp_slots(engine_url, llama_slots)
             log(f"replaying {len(calls)} engine requests at {slots} at once …")
             replayed, replay_wall = replay(engine_url, calls, slots)
     finally:
