@@ -9,8 +9,10 @@ free ports with the pass-through as its engine. Then:
 1. the product: K approved plans published at once on NATS, as the planner does; the daemon's
    sensor and run queue start the runs (its limits are part of what is measured); every engine
    request of every run (proposals, critiques, revisions, judge turns) is recorded on its way;
-2. the same work alone: the recorded requests sent again straight to the engine, each the moment
-   the requests it reads have finished, as many at once as the engine has slots;
+2. the same work alone: the recorded requests sent again straight to a fresh engine of the same
+   kind (the one it started is restarted: llama.cpp would restore the prompts it already served
+   from memory), each the moment the requests it reads have finished, as many at once as the
+   engine has slots;
 3. one JSON object as the last line: {"concurrent", "statuses", "failed_turns", "timed_out_turns",
    "goodput_same_work" (replay wall / product wall), "slot_occupancy", "by_kind" (per kind, time
    to first token and tokens per second of service, product and replay), "breakdown" (where the
@@ -23,7 +25,7 @@ pass-through saw it) over its slots x `wall_s`: how busy the product kept the en
 
 `wall_s` runs from publishing the plans to the end of the last run, so the sensor interval, the
 run queue and the runs' process starts count against the product, as a user would see them.
-Both walls are measured in the same run on the same engine: on a shared machine the ratio is
+Both walls are measured in the same run on the same kind of engine: on a shared machine the ratio is
 the figure to read, not the seconds. Run it alone on the machine.
 """
 
@@ -48,7 +50,6 @@ from same_work import (
     Recorder,
     busy_intervals,
     by_kind,
-    flush_llama_cpp_slots,
     idle_within,
     link_reads,
     replay,
@@ -236,10 +237,17 @@ def main() -> None:
             # Replayed while the stack is still up and idle (nothing else in the engine).
             calls = [c for c in recorder.calls if c.ended is not None]
             link_reads(calls)
-            llama_slots = llama_cpp_slots(engine_url)
-            slots = llama_slots or DEFAULT_SLOTS
-            if llama_slots:  # as cold as the product found it (same_work.flush_llama_cpp_slots)
-                flush_llama_cpp_slots(engine_url, llama_slots)
+            slots = llama_cpp_slots(engine_url) or DEFAULT_SLOTS
+            if server is not None:
+                # A fresh engine of the same kind for the replay, as cold as the product found its
+                # own: llama.cpp keeps the prompts it served in memory and restores a slot from
+                # them, so the same requests sent again to the product's engine skipped their
+                # prompts (judges 0.5 s to a first token against 18 s; flushing the slots did
+                # not help).
+                server.stop()
+                port = stack.free_port()
+                server = stack.start_model_server(root / "engine-logs-replay", port, parallel=3)
+                engine_url = f"http://127.0.0.1:{port}/v1"
             log(f"replaying {len(calls)} engine requests at {slots} at once …")
             replayed, replay_wall = replay(engine_url, calls, slots)
     finally:
@@ -260,6 +268,8 @@ def main() -> None:
         "slot_occupancy": round(sum(c.service_s for c in calls) / (slots * product["wall_s"]), 3),
         "replay_slot_occupancy": round(sum(c.service_s for c in replayed) / (slots * replay_wall), 3),
         "engine_slots": slots,
+        # False with FLEET_LLM_BASE_URL: the replay then ran on the engine the product warmed
+        "replay_engine_fresh": server is not None,
         "engine_requests": len(calls),
         "by_kind": {
             kind: {"product": product_kinds[kind], "replay": replay_kinds.get(kind)} for kind in product_kinds

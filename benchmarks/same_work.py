@@ -25,7 +25,6 @@ import json
 import statistics
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -213,26 +212,6 @@ async def _replay(engine_url: str, calls: list[Call], slots: int) -> tuple[list[
         start = time.time()
         await asyncio.gather(*(one(i) for i in range(len(calls))))
         return replayed, time.time() - start
-
-
-def flush_llama_cpp_slots(engine_url: str, slots: int) -> None:
-    """Overwrites what each llama.cpp slot holds with a two-token prompt, not cached: the replay
-    then starts as cold as the product did on a fresh server (without this the replay's judges,
-    whose prompts the product's judges left in the slots, took 0.5 s to a first token against the
-    product's 18 s). The server's `/slots/N?action=erase` answers 501 here."""
-    base = engine_url.rstrip("/").removesuffix("/v1")
-    for slot in range(slots):
-        body = {
-            "messages": [{"role": "user", "content": "ok"}],
-            "max_tokens": 1,
-            "id_slot": slot,
-            "cache_prompt": False,
-        }
-        request = urllib.request.Request(
-            base + CHAT, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=120) as response:
-            response.read()
 
 
 def replay(engine_url: str, calls: list[Call], slots: int) -> tuple[list[Call], float]:
