@@ -115,6 +115,8 @@ def score_patch(
     job = {
         "patch": patch,
         "test_command": workspace.test_command,
+        # the unpatched repository's tests reported through pytest: the patched ones must too
+        "require_report": bool(workspace.baseline and workspace.baseline.counted),
         "ruff_changed": changed,
         "hidden_tests": hidden_tests,
     }
