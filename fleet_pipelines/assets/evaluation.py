@@ -79,7 +79,7 @@ class EvaluationConfig(dg.Config):
         if self.split not in ("dev", "test", "all"):
             raise dg.Failure(description=f"split must be dev, test or all, not {self.split!r}")
         problems = sample_problems(
-            suite, cast(Split, self.split), self.sample_size, self.seed, self.problem_ids
+            suite, cast("Split", self.split), self.sample_size, self.seed, self.problem_ids
         )
         if not problems:
             raise dg.Failure(description=f"no problems in {self.suite} split {self.split}")

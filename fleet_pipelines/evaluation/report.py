@@ -2,6 +2,8 @@
 check against the previous comparable partition. Imported by the evaluation asset when it runs.
 """
 
+from __future__ import annotations
+
 import base64
 import hashlib
 import io
