@@ -27,6 +27,7 @@ import dagster as dg
 DYNAMIC_PARTITIONS_TABLE = ("dagster._core.storage.event_log.schema", "DynamicPartitionsTable")
 DYNAMIC_PARTITIONS_COLUMNS = ("partitions_def_name", "partition")
 SET_DEFS_STATE_STORAGE = ("dagster._core.storage.defs_state.base", "set_defs_state_storage")
+DEFS_STATE_STORAGE = ("dagster._core.storage.defs_state.base", "DefsStateStorage")
 
 
 def _private(where: tuple[str, str]) -> Any:
@@ -58,10 +59,17 @@ def defs_state_storage(instance: dg.DagsterInstance) -> Iterator[None]:
         yield
 
 
+def defs_state_storage_in_context() -> Any:
+    """The defs-state storage Dagster's context variable holds now (None: no instance entered).
+    An instance entered and never exited (a sensor context built from an instance ref and not
+    closed, say) leaves its storage there, and a later definitions load in the process fails."""
+    return _private(DEFS_STATE_STORAGE).get()
+
+
 def private_api_changes() -> list[str]:
     """What no longer matches in the installed Dagster (empty: every private API is as used here)."""
     changes: list[str] = []
-    for where in (DYNAMIC_PARTITIONS_TABLE, SET_DEFS_STATE_STORAGE):
+    for where in (DYNAMIC_PARTITIONS_TABLE, SET_DEFS_STATE_STORAGE, DEFS_STATE_STORAGE):
         try:
             _private(where)
         except (ImportError, AttributeError) as exc:
@@ -76,6 +84,8 @@ def private_api_changes() -> list[str]:
         parameters = list(inspect.signature(_private(SET_DEFS_STATE_STORAGE)).parameters)
         if parameters != ["storage"]:
             changes.append(f"{SET_DEFS_STATE_STORAGE[1]} takes {parameters}, not ['storage']")
+        if not callable(getattr(_private(DEFS_STATE_STORAGE), "get", None)):
+            changes.append(f"{DEFS_STATE_STORAGE[1]} has no get()")
     for attribute in ("defs_state_storage", "event_log_storage"):
         if not hasattr(dg.DagsterInstance, attribute):
             changes.append(f"DagsterInstance has no {attribute}")

@@ -15,7 +15,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
 from .domain.council import CouncilSettings
-from .events.options import ConnectOptions
+from .events.options import ConnectOptions, StreamOptions
+from .history.options import RetentionOptions
 from .llm.local_server import MODEL_NAME
 from .llm.settings import EngineSettings, VLLMActorSettings
 from .stack_file import with_stack
@@ -45,7 +46,6 @@ NATS_SECRETS = (
     ("tls_key_file", "NATS_TLS_KEY"),
 )
 LLM_API_KEY = "FLEET_LLM_API_KEY"
-DEFAULT_RETENTION_SECONDS = 14 * 24 * 3600
 
 
 def _env(*names: str) -> AliasChoices:
@@ -147,13 +147,7 @@ class FleetSettings(BaseModel):
     nats_secrets_set: tuple[str, ...] = Field(
         default=(), description="Resource fields whose NATS_* variable is set (read via dg.EnvVar)."
     )
-    nats_stream_replicas: int = Field(
-        default=1,
-        ge=1,
-        le=5,
-        validation_alias=_env("FLEET_NATS_REPLICAS"),
-        description="Replicas of the JetStream streams this system creates.",
-    )
+    nats_stream_replicas: int = _supplies(StreamOptions, "stream_replicas", "FLEET_NATS_REPLICAS")
     planning_start: Literal["first", "end"] = Field(
         default="first",
         validation_alias=_env("FLEET_PLANNING_START"),
@@ -168,11 +162,8 @@ class FleetSettings(BaseModel):
         "published (Dagster evaluates sensors every 5 s; 0: read and return).",
     )
     # Retention: deliberations leave the partition set; the decision log keeps their outcomes
-    retention_seconds: float = Field(
-        default=DEFAULT_RETENTION_SECONDS,
-        gt=0,
-        validation_alias=_env("FLEET_RETENTION_SECONDS", "DELIBERATION_CLEANUP"),
-        description="Age after which a decided deliberation (in the decision log) leaves the partition set.",
+    retention_seconds: float = _supplies(
+        RetentionOptions, "max_age_seconds", "FLEET_RETENTION_SECONDS", "DELIBERATION_CLEANUP"
     )
     retention_cron: str = Field(
         default="35 * * * *",

@@ -16,6 +16,24 @@ import pytest
 from fleet_pipelines import stack
 from fleet_pipelines.settings import FleetSettings
 
+_LEFT_ENTERED: list[str] = []  # the first test after which an entered instance was found
+
+
+@pytest.fixture(autouse=True)
+def no_dagster_instance_left_entered(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The first test after which a Dagster instance is left entered fails here, by name: its
+    storage stays in Dagster's context variable and fails a later test's definitions load, far
+    from the cause (once only: the variable cannot be emptied from here)."""
+    from fleet_pipelines.dagster_private import defs_state_storage_in_context
+
+    yield
+    if not _LEFT_ENTERED and defs_state_storage_in_context() is not None:
+        _LEFT_ENTERED.append(request.node.nodeid)
+        pytest.fail(
+            "a Dagster instance was left entered by this test or one before it (a context built "
+            "from an instance ref and not closed?): use `with`"
+        )
+
 
 @pytest.fixture(scope="session")
 def stack_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -6,8 +6,8 @@ Its check flags a drop in pass@1 against the latest earlier partition that evalu
 problems with the same model and council shape.
 """
 
-import base64
-from typing import cast
+# No `from __future__ import annotations`: Dagster reads the asset's config annotation at import.
+from typing import TYPE_CHECKING, cast
 
 import dagster as dg
 from pydantic import Field
@@ -16,6 +16,11 @@ from ..names import EVALUATION_GROUP, EVALUATION_JOB
 from ..resources.council import CouncilResource
 from ..resources.turns import RayTurnRunner
 from .previews import table
+
+if TYPE_CHECKING:
+    from ..domain import evaluation as ev
+    from ..evaluation.runner import EvaluationSettings
+    from ..evaluation.suites import Split, Suite
 
 DROP_CHECK = "no_drop_vs_previous_partition"
 
@@ -47,6 +52,39 @@ class EvaluationConfig(dg.Config):
         default=0.05, description="The check flags a pass@1 fall larger than this (absolute)."
     )
 
+    def run_settings(self, council: CouncilResource) -> "EvaluationSettings":
+        """How every arm samples, with the council's sandbox limits and scoring weights."""
+        from ..evaluation.runner import EvaluationSettings
+
+        return EvaluationSettings(
+            **self.model_dump(
+                include={
+                    "num_agents",
+                    "rounds",
+                    "temperature",
+                    "max_tokens",
+                    "max_samples_b",
+                    "problem_timeout_s",
+                }
+            ),
+            sandbox=council.sandbox.to_model(),
+            weights=council.weights.to_model(),
+        )
+
+    def problems(self) -> "tuple[Suite, list[ev.Problem]]":
+        """The suite and the problems it draws (explicit ids, or the seeded sample of the split)."""
+        from ..evaluation.suites import get_suite, sample_problems
+
+        suite = get_suite(self.suite)
+        if self.split not in ("dev", "test", "all"):
+            raise dg.Failure(description=f"split must be dev, test or all, not {self.split!r}")
+        problems = sample_problems(
+            suite, cast("Split", self.split), self.sample_size, self.seed, self.problem_ids
+        )
+        if not problems:
+            raise dg.Failure(description=f"no problems in {self.suite} split {self.split}")
+        return suite, problems
+
 
 @dg.asset(
     partitions_def=evaluation_partitions,
@@ -64,88 +102,35 @@ def evaluation(
     """Arms A (greedy), B (k samples + selector at D's token budget), C (N proposals + selector)
     and D (council + selector) on the hidden tests of a benchmark sample."""
     # Imported here: the code location loads without numpy, pandas and Ray.
-    from ..domain import evaluation as ev
-    from ..evaluation.report import (
-        SUMMARY_COLUMNS,
-        drop_check,
-        fingerprint,
-        outcomes_to_frame,
-        plot_png,
-        report_markdown,
-        summary_frame,
-    )
-    from ..evaluation.runner import EvaluationSettings, run_problems
-    from ..evaluation.suites import Split, get_suite, sample_problems
+    from ..evaluation.report import SUMMARY_COLUMNS, EvaluationRun, drop_check, evaluation_report
+    from ..evaluation.runner import run_problems
 
-    suite = get_suite(config.suite)
-    if config.split not in ("dev", "test", "all"):
-        raise dg.Failure(description=f"split must be dev, test or all, not {config.split!r}")
-    split = cast(Split, config.split)
-    problems = sample_problems(suite, split, config.sample_size, config.seed, config.problem_ids)
-    if not problems:
-        raise dg.Failure(description=f"no problems in {config.suite} split {config.split}")
-    settings = EvaluationSettings(
-        num_agents=config.num_agents,
-        rounds=config.rounds,
-        temperature=config.temperature,
-        max_tokens=config.max_tokens,
-        max_samples_b=config.max_samples_b,
-        problem_timeout_s=config.problem_timeout_s,
-        sandbox=council.sandbox.to_model(),
-        weights=council.weights.to_model(),
-    )
+    suite, problems = config.problems()
+    model, engine = turn_runner.model_name, turn_runner.engine.to_model()
     context.log.info(
-        f"evaluating {len(problems)} {suite.name} problems with {turn_runner.model_name} "
+        f"evaluating {len(problems)} {suite.name} problems with {model} "
         f"(N={config.num_agents}, R={config.rounds}) on Ray"
     )
     outcomes = run_problems(
         problems,
-        settings,
-        turn_runner.engine.to_model(),
+        config.run_settings(council),
+        engine,
         turn_runner.dispatch_settings(),
         config.max_concurrent_problems,
         progress=context.log.info,
     )
-    splits = {p.problem_id: suite.split_of(p) for p in problems}
-    df = outcomes_to_frame(outcomes, splits, context.partition_key)
-    summary = summary_frame(outcomes, splits)
-    comparisons = [
-        ev.paired_comparison(first, second, outcomes, resamples=config.bootstrap_resamples)
-        for first, second in (
-            (ev.Arm.COUNCIL, ev.Arm.SAMPLED),
-            (ev.Arm.COUNCIL, ev.Arm.PROPOSALS),
-            (ev.Arm.FEEDBACK, ev.Arm.COUNCIL),
-        )
-    ]
-    first_split = summary[summary["split"] == summary["split"].iloc[0]]
-    overall = {ev.Arm(r["arm"]): float(r["pass_at_1"]) for r in first_split.to_dict("records")}
-    header = (
-        f"## Evaluation {context.partition_key}: {len(problems)} {suite.name} problems, "
-        f"{turn_runner.model_name}, N={config.num_agents}, R={config.rounds}, max_tokens={config.max_tokens}"
+    shape = config.model_dump(include={"suite", "num_agents", "rounds", "max_tokens"})
+    run = EvaluationRun(
+        context.partition_key,
+        suite_label=suite.name,
+        model=model,
+        resamples=config.bootstrap_resamples,
+        **shape,
     )
-    png = plot_png(summary, header.removeprefix("## "))
-    key = fingerprint(
-        [p.problem_id for p in problems],
-        turn_runner.model_name,
-        config.suite,
-        config.num_agents,
-        config.rounds,
-        config.max_tokens,
-    )
-    metadata: dict[str, dg.RawMetadataValue] = {
-        "report": dg.MetadataValue.md(report_markdown(summary, comparisons, header)),
-        "summary": table(summary.to_dict("records"), SUMMARY_COLUMNS),
-        "plot": dg.MetadataValue.md(
-            f"![pass@1 vs tokens](data:image/png;base64,{base64.b64encode(png).decode()})"
-        ),
-        "comparisons": dg.MetadataValue.json([c.model_dump(mode="json") for c in comparisons]),
-        "problems": len(problems),
-        "fingerprint": key,
-        **{f"pass_at_1_{arm.value}": float(overall[arm]) for arm in ev.Arm},
-    }
-    check = drop_check(context, DROP_CHECK, key, overall, config.drop_tolerance)
-    yield dg.Output(df, metadata=metadata)
-    yield check
+    report = evaluation_report(run, outcomes, {p.problem_id: suite.split_of(p) for p in problems})
+    summary = table(report.summary.to_dict("records"), SUMMARY_COLUMNS)
+    yield dg.Output(report.frame, metadata={**report.metadata, "summary": summary})
+    yield drop_check(context, DROP_CHECK, report.fingerprint, report.overall, config.drop_tolerance)
 
 
 evaluation_job = dg.define_asset_job(

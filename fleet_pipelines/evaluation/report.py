@@ -2,9 +2,13 @@
 check against the previous comparable partition. Imported by the evaluation asset when it runs.
 """
 
+from __future__ import annotations
+
+import base64
 import hashlib
 import io
 import json
+from dataclasses import dataclass
 
 import dagster as dg
 import pandas as pd
@@ -190,3 +194,61 @@ def drop_check(
             **{f"current_{arm.value}": current[arm] for arm in ev.Arm},
         },
     )
+
+
+@dataclass(frozen=True)
+class EvaluationRun:
+    """What one evaluation partition ran: its suite, model and council shape."""
+
+    partition: str
+    suite: str  # the suite as configured (one name, or several comma-separated)
+    suite_label: str  # the suite's display name
+    model: str
+    num_agents: int
+    rounds: int
+    max_tokens: int
+    resamples: int  # bootstrap resamples of the paired comparisons
+
+
+PAIRS = (
+    (ev.Arm.COUNCIL, ev.Arm.SAMPLED),
+    (ev.Arm.COUNCIL, ev.Arm.PROPOSALS),
+    (ev.Arm.FEEDBACK, ev.Arm.COUNCIL),
+)
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    frame: pd.DataFrame  # one row per (problem, arm): the asset's value
+    summary: pd.DataFrame  # one row per (split, arm)
+    metadata: dict[str, dg.RawMetadataValue]  # report, plot, comparisons, pass@1 per arm
+    overall: dict[ev.Arm, float]  # pass@1 per arm on the first split: what the drop check compares
+    fingerprint: str
+
+
+def evaluation_report(
+    run: EvaluationRun, outcomes: list[ev.ArmOutcome], splits: dict[str, str]
+) -> EvaluationReport:
+    """The partition's value, its report and the figures its drop check compares."""
+    summary = summary_frame(outcomes, splits)
+    comparisons = [ev.paired_comparison(a, b, outcomes, resamples=run.resamples) for a, b in PAIRS]
+    first_split = summary[summary["split"] == summary["split"].iloc[0]]
+    overall = {ev.Arm(r["arm"]): float(r["pass_at_1"]) for r in first_split.to_dict("records")}
+    header = (
+        f"## Evaluation {run.partition}: {len(splits)} {run.suite_label} problems, "
+        f"{run.model}, N={run.num_agents}, R={run.rounds}, max_tokens={run.max_tokens}"
+    )
+    png = plot_png(summary, header.removeprefix("## "))
+    key = fingerprint(list(splits), run.model, run.suite, run.num_agents, run.rounds, run.max_tokens)
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "report": dg.MetadataValue.md(report_markdown(summary, comparisons, header)),
+        "plot": dg.MetadataValue.md(
+            f"![pass@1 vs tokens](data:image/png;base64,{base64.b64encode(png).decode()})"
+        ),
+        "comparisons": dg.MetadataValue.json([c.model_dump(mode="json") for c in comparisons]),
+        "problems": len(splits),
+        "fingerprint": key,
+        **{f"pass_at_1_{arm.value}": overall[arm] for arm in ev.Arm},
+    }
+    frame = outcomes_to_frame(outcomes, splits, run.partition)
+    return EvaluationReport(frame, summary, metadata, overall, key)

@@ -40,3 +40,14 @@ class ConnectOptions(BaseModel):
         if self.tls_cert_file:
             context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
         return context
+
+
+class StreamOptions(BaseModel):
+    """How this system's JetStream streams are created."""
+
+    stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Replicas of the JetStream streams this system creates (FLEET_NATS_REPLICAS).",
+    )

@@ -1,6 +1,6 @@
-"""The NATS JetStream resource: where the server is, how to log in (the fields of
-`events.options.ConnectOptions`), a sync facade for ops, and the outbox that keeps what cannot be
-published."""
+"""The NATS JetStream resource: where the server is, how to log in and how streams are created
+(the fields of `events.options.ConnectOptions` and `StreamOptions`), a sync facade for ops, and
+the outbox that keeps what cannot be published."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 import dagster as dg
 from pydantic import Field
 
-from ..events.options import ConnectOptions
+from ..events.options import ConnectOptions, StreamOptions
 from ..events.outbox import Event, Outbox
 from ..events.streams import NatsError
 from .config import derived_model
@@ -28,7 +28,11 @@ if TYPE_CHECKING:  # nats-py is imported when a session opens, not when the code
 
 T = TypeVar("T")
 
-_ConnectFields = derived_model(ConnectOptions, "NatsConnectFields", dg.ConfigurableResource)
+_NatsFields = derived_model(
+    StreamOptions,
+    "NatsStreamFields",
+    derived_model(ConnectOptions, "NatsConnectFields", dg.ConfigurableResource),
+)
 
 
 @dataclass
@@ -39,16 +43,10 @@ class FlushReport:
     error: str | None = None
 
 
-class NatsResource(_ConnectFields):
+class NatsResource(_NatsFields):
     """NATS with JetStream: the embedded `nats-server` of `make dev`, or any server via NATS_URL.
     Events a run cannot publish are kept in the outbox and sent when NATS is back."""
 
-    stream_replicas: int = Field(
-        default=1,
-        ge=1,
-        le=5,
-        description="Replicas of the streams this system creates (FLEET_NATS_REPLICAS).",
-    )
     outbox_path: str | None = Field(
         default=None,
         description="Where a run keeps the events it cannot publish until NATS is back (default "

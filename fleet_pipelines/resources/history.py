@@ -1,22 +1,22 @@
-"""Where the decision log and retention find stored values, and the retention age."""
+"""Where the decision log and retention find stored values, and the retention age (the field of
+`history.options.RetentionOptions`)."""
 
 from __future__ import annotations
 
 import dagster as dg
 from pydantic import Field
 
+from ..history.options import RetentionOptions
 from ..workspace.prepare import remove_task_workspaces, workspaces_root
+from .config import derived_model
+
+_RetentionFields = derived_model(RetentionOptions, "HistoryRetentionFields", dg.ConfigurableResource)
 
 
-class HistoryResource(dg.ConfigurableResource):
+class HistoryResource(_RetentionFields):
     """The storage the IO managers write to, read and pruned by the decision log and retention."""
 
     base_path: str = Field(description="The IO managers' base path (FLEET_STORAGE_PATH).")
-    max_age_seconds: float = Field(
-        gt=0,
-        description="Decided deliberations older than this leave the partition set once they are in "
-        "the decision log (FLEET_RETENTION_SECONDS, alias DELIBERATION_CLEANUP).",
-    )
     workspaces_dir: str = Field(
         default="",
         description="Repository tasks' workspaces (FLEET_WORKSPACES_DIR; default `<tmp>/fleet-workspaces`): "

@@ -31,7 +31,10 @@ RepoRunLimitsConfig = derived_config(
         "cpu_s": "CPU-seconds limit of each process of that run.",
         "memory_mb": "Memory limit in MiB of the run's sandbox and of each process's address space.",
         "max_processes": "Process limit of the run's sandbox.",
+        "max_file_mb": "Largest file the run may write, MiB.",
+        "max_output_chars": "Output kept from the run (its report included).",
         "work_dir_mb": "Size in MiB of the run's tmpfs work dir (the repository's copy lives there).",
+        "cpus": "CPU bandwidth of the run's sandbox in cores (its cgroup).",
         "command_timeout_s": "Time limit of each command of the run (the test command, hidden tests).",
     },
 )

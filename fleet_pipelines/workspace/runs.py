@@ -28,26 +28,18 @@ REPORT_MARK = "FLEET-JOB-REPORT "
 
 
 @dataclass(frozen=True)
-class RepoRunLimits:
-    """Limits of one repository run: the sandbox's, with room for a repository and its tests."""
+class RepoRunLimits(SandboxLimits):
+    """Limits of one repository run: the sandbox's (the same fields), with room for a repository
+    and its tests, and a time limit for each command of the run."""
 
     wall_s: float = 120.0
     cpu_s: float = 60.0
     memory_mb: int = 1024
     max_processes: int = 64
+    max_file_mb: int = 64
+    max_output_chars: int = 400_000
     work_dir_mb: int = 512
     command_timeout_s: float = 90.0
-
-    def sandbox(self) -> SandboxLimits:
-        return SandboxLimits(
-            wall_s=self.wall_s,
-            cpu_s=self.cpu_s,
-            memory_mb=self.memory_mb,
-            max_processes=self.max_processes,
-            max_file_mb=64,
-            max_output_chars=400_000,
-            work_dir_mb=self.work_dir_mb,
-        )
 
 
 def _run_job(workspace: Workspace, job: dict, limits: RepoRunLimits) -> tuple[dict | None, SandboxResult]:
@@ -66,7 +58,7 @@ def _run_job(workspace: Workspace, job: dict, limits: RepoRunLimits) -> tuple[di
     }
     job["timeout_s"] = limits.command_timeout_s
     result = run_python(
-        _JOB.read_text(), limits.sandbox(), files={"job.json": json.dumps(job)}, mounts=mounts, tools=tools
+        _JOB.read_text(), limits, files={"job.json": json.dumps(job)}, mounts=mounts, tools=tools
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith(REPORT_MARK)]
     if not lines:
@@ -115,6 +107,8 @@ def score_patch(
     job = {
         "patch": patch,
         "test_command": workspace.test_command,
+        # the unpatched repository's tests reported through pytest: the patched ones must too
+        "require_report": bool(workspace.baseline and workspace.baseline.counted),
         "ruff_changed": changed,
         "hidden_tests": hidden_tests,
     }

@@ -86,7 +86,10 @@ def junit_counts(path):
     return passed, failed, skipped, failing, excerpt(first)
 
 
-def tests(argv, cwd, env, timeout_s, report_file, ran):
+def tests(argv, cwd, env, timeout_s, report_file, ran, require_report=False):
+    """One test run; with `require_report`, a run that leaves no pytest report with at least one
+    test is an error whatever its exit status (code under test that ends the process early, e.g.
+    `os._exit(0)` on import, would otherwise pass)."""
     env = dict(env)
     env["PYTEST_ADDOPTS"] = f"-p no:cacheprovider --junitxml={report_file}"
     if os.path.exists(report_file):
@@ -107,6 +110,12 @@ def tests(argv, cwd, env, timeout_s, report_file, ran):
             )
         except (ElementTree.ParseError, OSError):
             pass
+    reported = evidence.get("counted") and evidence["passed"] + evidence["failed"] > 0
+    if require_report and status != "timeout" and not reported:
+        evidence["status"] = status = "error"
+        evidence["first_failure"] = (
+            f"no test report: the run exited ({code}) before pytest reported its tests"
+        )
     if status != "passed" and not evidence.get("first_failure"):
         evidence["first_failure"] = (
             excerpt(out, 600) if code is not None else f"timed out after {timeout_s} s"
@@ -232,6 +241,7 @@ def main():
             job["timeout_s"],
             "/work/.fleet/visible.xml",
             f"{job['test_command']} (in {job.get('subdir') or '.'})",
+            require_report=bool(job.get("require_report")),
         )
     if job.get("ruff_changed") is not None:
         report["ruff_issues"], report["ruff_output"] = ruff(job, env, job["ruff_changed"])
@@ -250,7 +260,13 @@ def main():
         boot = f"import sys; sys.path[:0] = {paths!r}; import pytest; sys.exit(pytest.main({args!r}))"
         argv = [sys.executable, "-I", "-B", "-c", boot]
         report["hidden"] = tests(
-            argv, cwd, env, job["timeout_s"], f"{hidden}/report.xml", "the task's hidden tests"
+            argv,
+            cwd,
+            env,
+            job["timeout_s"],
+            f"{hidden}/report.xml",
+            "the task's hidden tests",
+            require_report=True,
         )
     report["job_s"] = round(time.monotonic() - started, 3)
     print(REPORT_MARK + json.dumps(report))

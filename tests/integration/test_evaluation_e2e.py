@@ -21,8 +21,8 @@ CONFIG = {
     "problem_ids": PROBLEMS,
     "num_agents": 2,
     "rounds": 1,
-    "max_tokens": 128,
-    "max_samples_b": 6,
+    "max_tokens": 64,  # enough for these two; 128 made this the suite's second-longest test (219 s)
+    "max_samples_b": 4,
     "max_concurrent_problems": 2,
     "bootstrap_resamples": 500,
 }
@@ -37,7 +37,7 @@ def test_tiny_evaluation_runs_every_arm_and_reports(stack_env, dagster_instance)
             asset_key="evaluation",
             partition="2026-01-01",
             metadata={
-                "fingerprint": fingerprint(PROBLEMS, model, "humaneval", 2, 1, 128),
+                "fingerprint": fingerprint(PROBLEMS, model, "humaneval", 2, 1, CONFIG["max_tokens"]),
                 **{f"pass_at_1_{arm.value}": 1.0 for arm in Arm},
             },
         )
@@ -60,7 +60,7 @@ def test_tiny_evaluation_runs_every_arm_and_reports(stack_env, dagster_instance)
     # D: 2 proposals, then each agent critiques the other and revises (when turns succeed).
     assert (by_arm["D"]["calls"] >= 2).all() and (by_arm["D"]["candidates"] == 2).all()
     assert (by_arm["E"]["calls"] >= 2).all() and (by_arm["E"]["candidates"] == 2).all()
-    assert by_arm["B"]["calls"].between(1, 6).all()
+    assert by_arm["B"]["calls"].between(1, 4).all()
     assert (df["tokens_in"] > 0).all() and (df["tokens_out"] > 0).all() and (df["wall_s"] > 0).all()
 
     for row in df.to_dict("records"):

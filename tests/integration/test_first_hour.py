@@ -1,10 +1,11 @@
 """The README's Quick start and the blocks marked for it, run exactly as written, as a new user
 would: `make dev` in one process, each block in a second one with a clean environment (`env -i`).
 
-All of it runs in a private network namespace (first_hour.py), so `make dev` takes its default
-ports and port 4222 is under the test's control: once nothing listens there, once a decoy NATS
-server does, which must see no connection and no stream. The machine's own NATS on 4222 cannot be
-the decoy: its traffic from other clients could not be told apart, and it has no monitoring port.
+All of it runs in a private network namespace (first_hour.py), so `make dev` takes its default ports
+and port 4222 is under the test's control: a decoy NATS server listens there, which must see no
+connection and no stream (so the blocks would run the same with nothing on 4222). The machine's own
+NATS on 4222 cannot be the decoy: its traffic from other clients could not be told apart, and it has
+no monitoring port.
 """
 
 from __future__ import annotations

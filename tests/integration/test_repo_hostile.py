@@ -236,9 +236,10 @@ def test_declared_dependencies_are_installed_once_into_a_read_only_environment(t
 
 @needs_sandbox
 def test_a_patch_that_forges_the_repositorys_own_tests_still_fails_the_hidden_ones(tmp_path, root):
-    """A conftest.py and a sitecustomize.py that exit 0 make the repository's own test command
-    "pass"; the hidden tests run isolated (their own configuration, no conftest, no start-up
-    hooks of the patch's) and still fail on the unfixed bug."""
+    """A conftest.py and a sitecustomize.py that exit 0 end the repository's own test command
+    with status 0 but no pytest report, which its unpatched run gave: an error, not a pass. The
+    hidden tests run isolated (their own configuration, no conftest, no start-up hooks of the
+    patch's) and still fail on the unfixed bug."""
     source = make_repo(
         tmp_path / "src",
         {
@@ -253,9 +254,41 @@ def test_a_patch_that_forges_the_repositorys_own_tests_still_fails_the_hidden_on
     )
     hidden = "from calc import add\n\n\ndef test_add_hidden():\n    assert add(1, 1) == 2\n"
     evidence = score_patch(ws, forge, hidden)
-    assert evidence.applies and evidence.tests is not None and evidence.tests.status == "passed"  # forged
+    assert ws.baseline is not None and ws.baseline.counted
+    assert evidence.applies and evidence.tests is not None and evidence.tests.status == "error"
+    assert evidence.tests.first_failure.startswith("no test report: the run exited (0)")
     assert evidence.hidden is not None and evidence.hidden.status == "failed"
     assert (evidence.hidden.passed, evidence.hidden.failed) == (0, 1)
+
+
+@needs_sandbox
+def test_code_under_test_that_exits_0_on_import_passes_no_tests(tmp_path, root):
+    """The patched module ends the process with status 0 as the tests import it: neither the
+    repository's tests nor the hidden ones wrote a report, so both are errors and the patch's
+    tests check is 0 (it was 1.0: the exit status alone said "passed")."""
+    from fleet_pipelines.domain.models import Task
+    from fleet_pipelines.workspace.checks import patch_checks
+
+    source = make_repo(
+        tmp_path / "src",
+        {
+            "calc.py": "def add(a, b):\n    return a - b\n",
+            "tests/test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+        },
+    )
+    ws = prepare_workspace("exit0", RepoSpec(url=str(source)), root)
+    exit0 = (
+        "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,4 @@\n+import os\n+os._exit(0)\n"
+        " def add(a, b):\n     return a - b\n"
+    )
+    hidden = "from calc import add\n\n\ndef test_add_hidden():\n    assert add(1, 1) == 2\n"
+    evidence = score_patch(ws, exit0, hidden)
+    assert evidence.applies and evidence.tests is not None and evidence.hidden is not None
+    assert (evidence.tests.status, evidence.hidden.status) == ("error", "error")
+    assert "no test report" in evidence.hidden.first_failure
+    task = Task.from_fields("exit0", {"description": "Fix add.", "role": "DEV", "tests": hidden})
+    checks = {c.name: c for c in patch_checks(ws, task, f"```diff\n{exit0}```", RepoRunLimits())}
+    assert checks["patch_applies"].value == 1.0 and checks["tests"].value == 0.0
 
 
 def test_retention_removes_a_tasks_read_only_workspaces(tmp_path, root):

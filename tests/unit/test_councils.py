@@ -113,8 +113,7 @@ def run(tmp_path: Path, nats_url: str, councils_file: str, fields: dict, log: Pa
             "nats": NatsResource(url=nats_url),
         },
     )
-    (tmp_path / "home").mkdir(parents=True, exist_ok=True)
-    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions(deliberation_partitions.name, ["c-1"])
         return defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
             run_config=deliberation_run_config(fields),
@@ -280,7 +279,7 @@ def test_the_council_is_convened_once_per_run_and_a_file_changed_mid_run_does_no
         },
     )
     fields = {"description": "Write f(x).", "role": "DEV", "num_agents": 2, "rounds": 0}
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions(deliberation_partitions.name, ["once-1"])
         result = defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
             run_config=deliberation_run_config(fields), instance=instance, partition_key="once-1"

@@ -78,8 +78,7 @@ def run_job(
             partition_key=task_id,
             raise_on_error=raise_on_error,
         )
-    (tmp_path / "home").mkdir(parents=True)
-    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         return run_job(tmp_path, nats, task_id, task_fields, runner, instance, raise_on_error)
 
 
@@ -239,7 +238,7 @@ def test_a_nats_outage_never_fails_a_run_and_its_events_arrive_once_when_nats_is
         "rounds": 1,
         "story_id": "S-1",
     }
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         result = run_job(tmp_path, nats, "down-1", fields, ScriptedTurnRunner(code=ADD), instance)
         assert result.success
         assert result.output_for_node("decision").status is DeliberationStatus.COMPLETED
@@ -288,7 +287,7 @@ def test_a_run_stopped_by_its_blocking_check_still_tells_its_outcome(tmp_path: P
     does not run; the failure sensor publishes the stored decision's outcome (FAILED, its reasons)."""
     fields = {"description": "Write add(a, b).", "role": "DEV", "num_agents": 2, "rounds": 0}
     runner = ScriptedTurnRunner(code=ADD, fail_agents=["agent-dev-001", "agent-dev-002"])
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         result = run_job(
             tmp_path, nats_resource, "noquorum-1", fields, runner, instance, raise_on_error=False
         )
@@ -334,7 +333,7 @@ def test_nats_lost_mid_run_loses_nothing_and_sends_nothing_twice(tmp_path: Path)
         url=f"nats://127.0.0.1:{port}", outbox_path=str(storage / "outbox"), connect_timeout_s=0.5
     )
     fields = {"description": "Write add(a, b).", "role": "DEV", "num_agents": 2, "rounds": 1}
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         result = run_job(tmp_path, nats, "lost-1", fields, StoppingRunner(code=ADD), instance)
         assert result.success and nats.outbox().pending(result.run_id) > 0
         server = stack.start_nats(tmp_path / "logs", port, tmp_path / "nats-store")

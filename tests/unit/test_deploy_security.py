@@ -57,7 +57,9 @@ from .deploy_objects import (
 Meta = dict[str, Any]  # the pod's metadata (annotations)
 CheckFn = Callable[[Meta, Pod], str | None]  # None: allowed; else the forbidden reason
 Version = tuple[int, int]
-CASES = yaml.safe_load((Path(__file__).parent / "schemas" / "pod-security-cases.yaml").read_text())
+CASES = yaml.load(
+    (Path(__file__).parent / "schemas" / "pod-security-cases.yaml").read_text(), Loader=yaml.CSafeLoader
+)
 POLICY_VERSIONS: list[Version] = [(1, 33), (1, 34), (1, 35)]  # what API servers 1.33+ apply to our label
 
 

@@ -207,3 +207,19 @@ def test_progress_names_each_problem_and_arm_with_passes_tokens_and_time_left():
     assert "passes so far A 1/2 B 1/2 C 1/2 D 2/2 E 1/2" in second[-1] and second[-1].endswith(
         "all problems done"
     )
+
+
+def test_the_evaluation_config_draws_its_problems_and_refuses_an_unknown_split():
+    import dagster as dg
+
+    from fleet_pipelines.assets.evaluation import EvaluationConfig
+    from fleet_pipelines.resources.council import CouncilResource
+
+    suite, problems = EvaluationConfig(problem_ids=["HumanEval/23", "HumanEval/2"]).problems()
+    assert suite.name == "humaneval" and [p.problem_id for p in problems] == ["HumanEval/23", "HumanEval/2"]
+    _, sampled = EvaluationConfig(split="dev", sample_size=3, seed=1).problems()
+    assert len(sampled) == 3 and all(int(p.problem_id.split("/")[1]) < 40 for p in sampled)
+    with pytest.raises(dg.Failure, match="split must be dev, test or all, not 'tests'"):
+        EvaluationConfig(split="tests").problems()
+    settings = EvaluationConfig(num_agents=4, max_tokens=64).run_settings(CouncilResource())
+    assert (settings.num_agents, settings.max_tokens, settings.rounds) == (4, 64, 1)

@@ -37,7 +37,7 @@ def test_env_turns_it_on_with_a_cron_from_config(monkeypatch: pytest.MonkeyPatch
 def test_a_tick_requests_that_day_s_partition_with_the_configured_sample(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FLEET_EVAL_SAMPLE_SIZE", "7")
     schedule = build_nightly_evaluation(FleetSettings.from_env())
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         context = dg.build_schedule_context(
             instance=instance, scheduled_execution_time=datetime(2026, 3, 14, 2, 0, tzinfo=UTC)
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from fleet_pipelines.settings import DEFAULT_RETENTION_SECONDS, FleetSettings
+from fleet_pipelines.history.options import DEFAULT_RETENTION_SECONDS
+from fleet_pipelines.settings import FleetSettings
 
 
 def test_default_is_fourteen_days():

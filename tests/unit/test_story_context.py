@@ -147,8 +147,7 @@ def test_a_story_of_two_tasks_the_second_sees_the_first_decision_story_fields_an
         "story_title": "Money arithmetic",
         "acceptance_criteria": ["never loses a cent"],
     }
-    (tmp_path / "home").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         first_log, second_log = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
         first, _ = run(
             instance, tmp_path, nats_server, "t1", {**common, "description": "Write add."}, first_log
