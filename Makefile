@@ -41,10 +41,11 @@ dev: model
 # integration tier one test at a time (its tests share one engine and measure deadlines).
 # Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: without it pytest rewrites
 # every test module's asserts again on each run (~4 s of the unit tier's collection).
-UNIT := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n auto --maxprocesses=4
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q
+UNIT := $(PYTEST) -n auto --maxprocesses=4
 test: model
 	$(UNIT) tests/unit $(PYTEST_ARGS)
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q --durations=15 tests/integration $(PYTEST_ARGS)
+	$(PYTEST) --durations=15 tests/integration $(PYTEST_ARGS)
 
 test-unit: install
 	$(UNIT) tests/unit $(PYTEST_ARGS)

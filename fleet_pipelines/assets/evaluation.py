@@ -56,19 +56,9 @@ class EvaluationConfig(dg.Config):
         """How every arm samples, with the council's sandbox limits and scoring weights."""
         from ..evaluation.runner import EvaluationSettings
 
+        limits = {"sandbox": council.sandbox.to_model(), "weights": council.weights.to_model()}
         return EvaluationSettings(
-            **self.model_dump(
-                include={
-                    "num_agents",
-                    "rounds",
-                    "temperature",
-                    "max_tokens",
-                    "max_samples_b",
-                    "problem_timeout_s",
-                }
-            ),
-            sandbox=council.sandbox.to_model(),
-            weights=council.weights.to_model(),
+            **self.model_dump(include=EvaluationSettings.model_fields.keys() - limits), **limits
         )
 
     def problems(self) -> "tuple[Suite, list[ev.Problem]]":

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from dagster_ray import LocalRay
+from dagster_ray.configs import RayDataExecutionOptions
 from pydantic import Field
 from tenacity import Retrying, before_sleep_log, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -36,8 +37,24 @@ def connect_ray(connect: Callable[[], T], attempts: int = CONNECT_ATTEMPTS) -> T
     return retrying(connect)
 
 
+class WithoutRayData(RayDataExecutionOptions):
+    """dagster-ray's Ray Data settings, not applied: applying them imports `ray.data` in the run
+    and in a Ray task on a worker, ~2.5 s of every run's start here, and nothing of ours uses Ray
+    Data. The rest of `LocalRay.connect` (init options, env vars) is kept as it is."""
+
+    def apply(self) -> None:
+        pass
+
+    def apply_remote(self) -> None:
+        pass
+
+
 class RayCluster(LocalRay):
     """The Ray cluster the runs' turns go to (RAY_ADDRESS; a private local Ray without it)."""
+
+    data_execution_options: WithoutRayData = Field(
+        default_factory=WithoutRayData, description="Not applied: nothing here uses Ray Data."
+    )
 
     address: str | None = Field(
         default=None,
@@ -57,18 +74,4 @@ class RayCluster(LocalRay):
         return self.address
 
     def connect(self, context: Any) -> Any:
-        return connect_ray(self._init, self.connect_attempts)
-
-    def _init(self) -> Any:
-        """`ray.init` as LocalRay.connect calls it (its init options, the env vars it injects),
-        without its Ray Data settings: applying them imports ray.data in the run and runs a Ray
-        task that imports it on a worker, ~2.5 s of every run's start here, and nothing of ours
-        uses Ray Data."""
-        import ray
-
-        options = dict(self.ray_init_options)
-        runtime_env = dict(options.get("runtime_env") or {})
-        env_vars = {k: v for k, v in (runtime_env.get("env_vars") or {}).items() if v is not None}
-        runtime_env["env_vars"] = {**env_vars, **self.get_env_vars_to_inject()}
-        self._context = ray.init(address=self.ray_address, **{**options, "runtime_env": runtime_env})
-        return self._context
+        return connect_ray(lambda: LocalRay.connect(self, context), self.connect_attempts)

@@ -38,6 +38,7 @@ import yaml
 
 from .deploy_objects import (
     DAGSTER_DIR,
+    FAST_LOADER,
     K8S,
     NATS_VALUES,
     NODE_DIR,
@@ -58,7 +59,7 @@ Meta = dict[str, Any]  # the pod's metadata (annotations)
 CheckFn = Callable[[Meta, Pod], str | None]  # None: allowed; else the forbidden reason
 Version = tuple[int, int]
 CASES = yaml.load(
-    (Path(__file__).parent / "schemas" / "pod-security-cases.yaml").read_text(), Loader=yaml.CSafeLoader
+    (Path(__file__).parent / "schemas" / "pod-security-cases.yaml").read_text(), Loader=FAST_LOADER
 )
 POLICY_VERSIONS: list[Version] = [(1, 33), (1, 34), (1, 35)]  # what API servers 1.33+ apply to our label
 
