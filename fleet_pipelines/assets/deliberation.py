@@ -27,7 +27,7 @@ from ..domain.context import StoryContext
 from ..domain.councils import Convened, CouncilsFileError
 from ..domain.decision import Decision, decide
 from ..domain.deliberation import TurnRunner, current_versions, proposal_requests, review_rounds
-from ..domain.models import Task, TurnResult, flat_task_fields, validation_message
+from ..domain.models import Task, TurnRequest, TurnResult, flat_task_fields, validation_message
 from ..domain.scoring import CheckResult, ProposalScore, gate_failures
 from ..domain.workspace import Workspace, extract_patch
 from ..events.outbound import outcome_events
@@ -154,13 +154,14 @@ def _live_turns(
     With `tools` (a repository task's workspace), agents' turns may call tools, each call and its
     result on the stream and in the turn's history."""
     deadline = _started(context) + convened.task.constraints.timeout_seconds
+    claim = (context.run_id, len(convened.agents))  # the run's claim on the engine (admission)
     with nats.publisher(context.run_id) as sink:
         progress = TurnProgress(context, sink, convened.task)
         if tools is None or not tools[1].active or not tools[0].tools:
-            yield turn_runner.runner(deadline, convened.engine, progress.on_chunk, progress.on_result)
+            yield turn_runner.runner(deadline, convened.engine, progress.on_chunk, progress.on_result, claim)
         else:  # a repository task: agents call tools, each engine call through the same runner
             repos, workspace = tools
-            step = turn_runner.runner(deadline, convened.engine, progress.on_chunk)
+            step = turn_runner.runner(deadline, convened.engine, progress.on_chunk, claim=claim)
             yield repos.tool_runner(step, workspace, progress.on_tool, progress.on_result)
     if sink.kept:
         context.log.warning(f"{sink.kept} events kept in the outbox until NATS is back: {sink.unreachable}")
@@ -278,13 +279,22 @@ def scores(
     limits, judge_tokens = council.sandbox.to_model(), convened.judge_max_tokens
     finals = current_versions(history)
     with _live_turns(context, turn_runner, nats, convened) as run_turns:
+
+        def judge_then_release(requests: Sequence[TurnRequest]) -> list[TurnResult]:
+            """The judges are the run's last turns: once they are back, the engine is the next
+            run's (dispatch/admission.py) while this one runs its checks and decides."""
+            try:
+                return run_turns(requests)
+            finally:
+                turn_runner.release_engine(context.run_id, convened.engine)
+
         scored = score_finals(
             convened.task,
             convened.agents,
             finals,
             convened.weights,
             limits,
-            run_turns,
+            judge_then_release,
             judge_tokens,
             _patch_checks(council, workspace),
         )

@@ -96,32 +96,37 @@ class RayTurnDispatcher:
         deadline: float | None = None,
         on_chunk: OnChunk | None = None,
         on_result: OnResult | None = None,
+        claim: tuple[str, int] | None = None,
     ):
         self.engine = engine
         self.settings = settings
         self.deadline = deadline  # time.time() after which no turn starts and running ones stop
         self.on_chunk = on_chunk
         self.on_result = on_result
+        self.claim = claim  # (run id, council size): the run's claim on the engine (admission.py)
 
     def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
         if not requests:
             return []
-        deadline = math.inf if self.deadline is None else self.deadline
+        given = math.inf if self.deadline is None else self.deadline
+        queue = engine_queue(self.engine, self.settings)
+        deadline = self._deadline(queue, given)
         if deadline <= time.time():
             return [
                 self._finished(self._cut(r, "deadline passed before the turn was queued")) for r in requests
             ]
-        queue = engine_queue(self.engine, self.settings)
         by_id = {uuid.uuid4().hex: r for r in requests}
-        submission = [(turn_id, r, deadline) for turn_id, r in by_id.items()]
+        submission = [(turn_id, r, given) for turn_id, r in by_id.items()]
         cursors = dict.fromkeys(by_id, 0)  # chunks read from the actor (restart at 0 when a turn re-runs)
         emitted = dict.fromkeys(by_id, 0)  # chunks handed to on_chunk (never restart: they index the stream)
         results: dict[str, TurnResult] = {}
         retries = 0
         try:
-            ray.get(queue.submit.remote(submission))
+            ray.get(queue.submit.remote(submission, self.claim))
             while len(results) < len(by_id):
                 pending = {i: cursors[i] for i in by_id if i not in results}
+                if time.time() > deadline + 10 * self.settings.poll_s:
+                    deadline = self._deadline(queue, given)  # moved while its run was in reserve
                 if time.time() > deadline + 10 * self.settings.poll_s:
                     for i in pending:  # the actor should have reported them; it did not in time
                         results[i] = self._finished(self._cut(by_id[i], "deliberation deadline reached"))
@@ -147,7 +152,7 @@ class RayTurnDispatcher:
                 lost = [i for i, n in news.items() if not n["known"]]
                 if lost:  # the actor was restarted: run those turns again
                     retries += 1
-                    ray.get(queue.submit.remote([(i, by_id[i], deadline) for i in lost]))
+                    ray.get(queue.submit.remote([(i, by_id[i], given) for i in lost], self.claim))
                     for i in lost:
                         cursors[i] = 0
                 for i, n in news.items():
@@ -163,6 +168,12 @@ class RayTurnDispatcher:
             if unfinished:
                 queue.abandon.remote(unfinished)  # closes their streams; nobody waits for the answer
         return [results[i] for i in by_id]
+
+    def _deadline(self, queue: ray.actor.ActorHandle, given: float) -> float:
+        """The deadline as the queue keeps it for this run (moved by its time in reserve)."""
+        if self.claim is None or math.isinf(given):
+            return given
+        return ray.get(queue.deadline_of.remote(self.claim[0], given))
 
     def _finished(self, result: TurnResult) -> TurnResult:
         if self.on_result is not None:

@@ -15,6 +15,7 @@ Admission and streaming live behind `run_turns`; the assets see the batch, plus,
 progress, `on_chunk` as each turn's text streams and `on_result` as each turn ends.
 """
 
+import contextlib
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -59,12 +60,17 @@ class TurnRunnerResource(dg.ConfigurableResource, ABC):
         engine: EngineEntry | None = None,
         on_chunk: OnChunk | None = None,
         on_result: OnResult | None = None,
+        claim: tuple[str, int] | None = None,
     ) -> TurnRunner:
         """A `TurnRunner` (what the domain's algorithms take) bound to a deadline, an engine and
-        progress callbacks."""
+        progress callbacks. `claim`: (run id, council size), the run's claim on the engine for a
+        runner with admission (dispatch/admission.py); others ignore it."""
         return partial(
             self.run_turns, deadline=deadline, engine=engine, on_chunk=on_chunk, on_result=on_result
         )
+
+    def release_engine(self, run_id: str, engine: EngineEntry | None = None) -> None:
+        """The run sends no more turns to the engine (its claim goes to the next run)."""
 
 
 class RayTurnRunner(TurnRunnerResource):
@@ -100,11 +106,43 @@ class RayTurnRunner(TurnRunnerResource):
         engine: EngineEntry | None = None,
         on_chunk: OnChunk | None = None,
         on_result: OnResult | None = None,
+        claim: tuple[str, int] | None = None,
     ) -> list[TurnResult]:
         from ..dispatch.ray_dispatch import RayTurnDispatcher
 
         settings = self.engine.to_model() if engine is None else self.role_engine(engine)
-        return RayTurnDispatcher(settings, self.dispatch_settings(), deadline, on_chunk, on_result)(requests)
+        dispatcher = RayTurnDispatcher(
+            settings, self.dispatch_settings(), deadline, on_chunk, on_result, claim
+        )
+        return dispatcher(requests)
+
+    def runner(
+        self,
+        deadline: float | None,
+        engine: EngineEntry | None = None,
+        on_chunk: OnChunk | None = None,
+        on_result: OnResult | None = None,
+        claim: tuple[str, int] | None = None,
+    ) -> TurnRunner:
+        return partial(
+            self.run_turns,
+            deadline=deadline,
+            engine=engine,
+            on_chunk=on_chunk,
+            on_result=on_result,
+            claim=claim,
+        )
+
+    def release_engine(self, run_id: str, engine: EngineEntry | None = None) -> None:
+        import ray
+
+        from ..dispatch.ray_dispatch import engine_queue
+
+        settings = self.engine.to_model() if engine is None else self.role_engine(engine)
+        # A release that fails is not the run's failure: the queue gives the claim up at the run's
+        # deadline instead (later, never wrong).
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(engine_queue(settings, self.dispatch_settings()).release.remote(run_id))
 
     def role_engine(self, engine: EngineEntry) -> EngineSettings:
         """The council's own engine: its URL, model, slots and API key; the stack's engine lends

@@ -266,7 +266,8 @@ def test_the_engine_capacity_the_admission_queue_uses_is_the_vllm_deployments():
     max_num_seqs = int(config["data"]["FLEET_VLLM_MAX_NUM_SEQS"])
     slots = int(config["data"]["FLEET_ENGINE_SLOTS"])
     assert slots == vllm["spec"]["replicas"] * max_num_seqs
-    per_engine = max(1, math.floor(slots / Task.model_fields["num_agents"].default))
+    # the runs that hold the engine's slots, plus one in reserve (dispatch/admission.py)
+    per_engine = max(1, math.floor(slots / Task.model_fields["num_agents"].default)) + 1
     queued = VALUES["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
     for limits in (
         queued["tagConcurrencyLimits"],
