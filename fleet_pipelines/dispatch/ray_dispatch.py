@@ -11,6 +11,7 @@ to report its own TIMEOUT) are abandoned, which closes their streams.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -126,7 +127,8 @@ class RayTurnDispatcher:
             while len(results) < len(by_id):
                 pending = {i: cursors[i] for i in by_id if i not in results}
                 if time.time() > deadline + 10 * self.settings.poll_s:
-                    deadline = self._deadline(queue, given)  # moved while its run was in reserve
+                    with contextlib.suppress(RayError, GetTimeoutError):  # else: as it was
+                        deadline = self._deadline(queue, given)  # moved while its run was in reserve
                 if time.time() > deadline + 10 * self.settings.poll_s:
                     for i in pending:  # the actor should have reported them; it did not in time
                         results[i] = self._finished(self._cut(by_id[i], "deliberation deadline reached"))
