@@ -157,9 +157,9 @@ def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
 def breakdown(product: dict, calls: list[Call]) -> tuple[dict[str, float], dict[str, float]]:
     """Where the product's wall went while no request was in the engine, and Dagster's cost per
     run (run start to its first engine request, its last to the run's end; medians). A call
-    belongs to the run whose task id its prompt carries. Runs of one engine may overlap (where the
-    run queue lets more than one run per engine), so the idle categories of two runs may count
-    the same idle second; `idle_engine_total` counts each once."""
+    belongs to the run whose task id its prompt carries. Runs of one engine overlap (one holds
+    the engine, one waits in reserve), so the idle categories of two runs may count the same
+    idle second; `idle_engine_total` counts each once."""
     busy = busy_intervals(calls)
     out = {"sensor_and_queue": 0.0, "run_start": 0.0, "before_first_turn": 0.0, "between_phases": 0.0}
     out |= {"scoring": 0.0, "after_last_turn": 0.0, "between_runs": 0.0}
@@ -177,8 +177,8 @@ def breakdown(product: dict, calls: list[Call]) -> tuple[dict[str, float], dict[
             continue
         first, last = min(c.sent for c in mine), max(c.ended or c.sent for c in mine)
         to_first.append(first - started)
-        # less the wait of its first turn in the admission queue (a run beside another waits
-        # there for slots): what the run's start and first steps cost
+        # less the wait of its first turn in the admission queue (a run in reserve waits there
+        # for the engine): what the run's start and first steps cost
         to_asked.append(first - started - product["first_queued"].get(task_id, 0.0))
         after_last.append(ended - last)
         out["before_first_turn"] += idle_within(busy, started, first)
