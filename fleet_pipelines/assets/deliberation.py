@@ -257,6 +257,21 @@ def reviews(
     return dg.Output(history, metadata={**metadata, "feedback_shown": feedback, **turns_metadata(history)})
 
 
+def _then_release(
+    run_turns: TurnRunner, turn_runner: TurnRunnerResource, run_id: str, convened: Convened
+) -> TurnRunner:
+    """The judges are the run's last turns: once they are back, the engine is the next run's
+    (dispatch/admission.py) while this one runs its checks and decides."""
+
+    def judge(requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        try:
+            return run_turns(requests)
+        finally:
+            turn_runner.release_engine(run_id, convened.engine)
+
+    return judge
+
+
 def _patch_checks(council: CouncilResource, workspace: Workspace):
     """A repository task's patch checks (None: the code-block checks)."""
     return patch_checker(workspace, council.repos.run_limits()) if workspace.active else None
@@ -279,22 +294,14 @@ def scores(
     limits, judge_tokens = council.sandbox.to_model(), convened.judge_max_tokens
     finals = current_versions(history)
     with _live_turns(context, turn_runner, nats, convened) as run_turns:
-
-        def judge_then_release(requests: Sequence[TurnRequest]) -> list[TurnResult]:
-            """The judges are the run's last turns: once they are back, the engine is the next
-            run's (dispatch/admission.py) while this one runs its checks and decides."""
-            try:
-                return run_turns(requests)
-            finally:
-                turn_runner.release_engine(context.run_id, convened.engine)
-
+        judges = _then_release(run_turns, turn_runner, context.run_id, convened)
         scored = score_finals(
             convened.task,
             convened.agents,
             finals,
             convened.weights,
             limits,
-            judge_then_release,
+            judges,
             judge_tokens,
             _patch_checks(council, workspace),
         )

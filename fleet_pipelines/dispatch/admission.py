@@ -157,6 +157,7 @@ class _Turn:
     result: TurnResult | None = None
     task: asyncio.Task | None = None
     slot: int | None = None  # the engine slot granted to it
+    slot_reused: bool = False  # that slot held its conversation (llama.cpp reads it from cache)
     run_id: str | None = None  # the run whose claim it came with (None: foreground always)
     attempt: asyncio.Task | None = None  # its engine call, while it has a slot
     preempting: bool = False  # its slot is being taken back (a background turn)
@@ -200,7 +201,7 @@ class EngineQueue:
         self._service_s: dict[TurnKind, float] = {}  # moving average of service time per turn kind
         self._runs: dict[str, _Run] = {}  # claims: holding runs and the reserve, in arrival order
         self.counts = {"sent": 0, "not_started": 0, "abandoned": 0, "peak_running": 0, "peak_waiting": 0}
-        self.counts |= {"preempted": 0, "background_sent": 0}
+        self.counts |= {"preempted": 0, "background_sent": 0, "slot_reused": 0}
 
     # -- the run's side --------------------------------------------------------------------------
 
@@ -378,7 +379,8 @@ class EngineQueue:
             self._running += 1
             self.counts["peak_running"] = max(self.counts["peak_running"], self._running)
             if turn is not None:
-                turn.slot = self._take_slot(turn.request.conversation, slots)
+                turn.slot, turn.slot_reused = self._take_slot(turn.request.conversation, slots)
+                self.counts["slot_reused"] += turn.slot_reused
             grant.set_result(None)
 
     def _background_slots(self) -> list[int]:
@@ -420,13 +422,15 @@ class EngineQueue:
                 return entry
         return keyed[0][1]
 
-    def _take_slot(self, conversation: tuple[str, str], allowed: list[int]) -> int:
+    def _take_slot(self, conversation: tuple[str, str], allowed: list[int]) -> tuple[int, bool]:
+        """The allowed slot that holds this conversation, else the least recently used one; and
+        whether it held it."""
         held = [s for s in allowed if self._slot_holds.get(s) == conversation]
         slot = held[0] if held else min(allowed, key=lambda s: self._slot_used.get(s, -1))
         self._free_slots.remove(slot)
         self._slot_holds[slot] = conversation
         self._slot_used[slot] = self._arrivals
-        return slot
+        return slot, bool(held)
 
     async def _admit(self, turn: _Turn) -> str | None:
         """None once the turn holds a slot; otherwise why it will not be sent."""

@@ -110,12 +110,15 @@ class RayTurnDispatcher:
         if not requests:
             return []
         given = math.inf if self.deadline is None else self.deadline
-        queue = engine_queue(self.engine, self.settings)
-        deadline = self._deadline(queue, given)
+        # Only a run with a claim asks the queue first: its deadline moved while it was in reserve.
+        queue = None if self.claim is None else engine_queue(self.engine, self.settings)
+        deadline = given if queue is None else self._deadline(queue, given)
         if deadline <= time.time():
             return [
                 self._finished(self._cut(r, "deadline passed before the turn was queued")) for r in requests
             ]
+        if queue is None:
+            queue = engine_queue(self.engine, self.settings)
         by_id = {uuid.uuid4().hex: r for r in requests}
         submission = [(turn_id, r, given) for turn_id, r in by_id.items()]
         cursors = dict.fromkeys(by_id, 0)  # chunks read from the actor (restart at 0 when a turn re-runs)

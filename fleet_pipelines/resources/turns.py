@@ -124,14 +124,7 @@ class RayTurnRunner(TurnRunnerResource):
         on_result: OnResult | None = None,
         claim: tuple[str, int] | None = None,
     ) -> TurnRunner:
-        return partial(
-            self.run_turns,
-            deadline=deadline,
-            engine=engine,
-            on_chunk=on_chunk,
-            on_result=on_result,
-            claim=claim,
-        )
+        return partial(super().runner(deadline, engine, on_chunk, on_result), claim=claim)
 
     def release_engine(self, run_id: str, engine: EngineEntry | None = None) -> None:
         import ray
