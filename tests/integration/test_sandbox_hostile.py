@@ -1045,6 +1045,12 @@ def test_no_run_is_host_root(box: Box):
         assert len(set(uids.values())) == 2 and min(uids.values()) >= sandbox._UID_BASE, uids
 
 
+def _pids_with(marker: str) -> list[int]:
+    """The processes whose command line carries `marker`."""
+    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    return [int(pid) for pid in found.split()]
+
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_the_sandbox_dies_with_its_caller(how: signal.Signals):
     marker = f"fleet-orphan-{uuid.uuid4().hex}"
@@ -1053,7 +1059,9 @@ def test_the_sandbox_dies_with_its_caller(how: signal.Signals):
     )
     try:
         deadline = time.monotonic() + 30
-        while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0:
+        # The sandboxed program, not the caller (whose own arguments carry the marker too): a
+        # signal sent before the caller has its handlers would test nothing.
+        while not set(_pids_with(marker)) - {caller.pid}:
             assert time.monotonic() < deadline and caller.poll() is None, (
                 "the sandboxed program never started"
             )
@@ -1061,7 +1069,7 @@ def test_the_sandbox_dies_with_its_caller(how: signal.Signals):
         caller.send_signal(how)
         caller.wait(timeout=10)
         deadline = time.monotonic() + 5
-        while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0:
+        while _pids_with(marker):
             assert time.monotonic() < deadline, f"the sandboxed program outlived its caller ({how.name})"
             time.sleep(0.05)
     finally:
