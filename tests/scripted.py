@@ -108,6 +108,7 @@ class ScriptedTurnRunner(TurnRunnerResource):
         engine: EngineEntry | None = None,
         on_chunk=None,
         on_result=None,
+        claim=None,
     ) -> list[TurnResult]:
         """The scripted answers, recorded with the council's engine's model when it has one; each
         turn's text as one chunk, then its end, as the Ray runner reports them."""

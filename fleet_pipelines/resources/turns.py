@@ -48,11 +48,14 @@ class TurnRunnerResource(dg.ConfigurableResource, ABC):
         engine: EngineEntry | None = None,
         on_chunk: OnChunk | None = None,
         on_result: OnResult | None = None,
+        claim: tuple[str, int] | None = None,
     ) -> list[TurnResult]:
         """One result per request, in request order. `deadline` is a time.time() after which
         unfinished turns come back as TIMEOUT; None for no deadline. `engine`: the council's own
         engine (councils file); None for the runner's. `on_chunk(request, seq, text, tokens)` sees
-        each turn's text as it streams, `on_result(result)` each turn as it ends."""
+        each turn's text as it streams, `on_result(result)` each turn as it ends. `claim`: (run
+        id, council size), the run's claim on the engine for a runner with admission
+        (dispatch/admission.py); others ignore it."""
 
     def runner(
         self,
@@ -62,11 +65,15 @@ class TurnRunnerResource(dg.ConfigurableResource, ABC):
         on_result: OnResult | None = None,
         claim: tuple[str, int] | None = None,
     ) -> TurnRunner:
-        """A `TurnRunner` (what the domain's algorithms take) bound to a deadline, an engine and
-        progress callbacks. `claim`: (run id, council size), the run's claim on the engine for a
-        runner with admission (dispatch/admission.py); others ignore it."""
+        """A `TurnRunner` (what the domain's algorithms take) bound to a deadline, an engine,
+        progress callbacks and the run's claim (`run_turns`)."""
         return partial(
-            self.run_turns, deadline=deadline, engine=engine, on_chunk=on_chunk, on_result=on_result
+            self.run_turns,
+            deadline=deadline,
+            engine=engine,
+            on_chunk=on_chunk,
+            on_result=on_result,
+            claim=claim,
         )
 
     def release_engine(self, run_id: str, engine: EngineEntry | None = None) -> None:
@@ -115,16 +122,6 @@ class RayTurnRunner(TurnRunnerResource):
             settings, self.dispatch_settings(), deadline, on_chunk, on_result, claim
         )
         return dispatcher(requests)
-
-    def runner(
-        self,
-        deadline: float | None,
-        engine: EngineEntry | None = None,
-        on_chunk: OnChunk | None = None,
-        on_result: OnResult | None = None,
-        claim: tuple[str, int] | None = None,
-    ) -> TurnRunner:
-        return partial(super().runner(deadline, engine, on_chunk, on_result), claim=claim)
 
     def release_engine(self, run_id: str, engine: EngineEntry | None = None) -> None:
         import ray
