@@ -117,7 +117,7 @@ class RayTurnRunner(TurnRunnerResource):
     ) -> list[TurnResult]:
         from ..dispatch.ray_dispatch import RayTurnDispatcher
 
-        settings = self.engine.to_model() if engine is None else self.role_engine(engine)
+        settings = self.engine_settings(engine)
         dispatcher = RayTurnDispatcher(
             settings, self.dispatch_settings(), deadline, on_chunk, on_result, claim
         )
@@ -128,11 +128,15 @@ class RayTurnRunner(TurnRunnerResource):
 
         from ..dispatch.ray_dispatch import engine_queue
 
-        settings = self.engine.to_model() if engine is None else self.role_engine(engine)
+        settings = self.engine_settings(engine)
         # A release that fails is not the run's failure: the queue gives the claim up at the run's
         # deadline instead (later, never wrong).
         with contextlib.suppress(ray.exceptions.RayError):
             ray.get(engine_queue(settings, self.dispatch_settings()).release.remote(run_id))
+
+    def engine_settings(self, engine: EngineEntry | None) -> EngineSettings:
+        """The engine a run's turns go to: the council's own (`role_engine`), else the runner's."""
+        return self.engine.to_model() if engine is None else self.role_engine(engine)
 
     def role_engine(self, engine: EngineEntry) -> EngineSettings:
         """The council's own engine: its URL, model, slots and API key; the stack's engine lends

@@ -35,6 +35,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -752,10 +753,17 @@ def _wait_exit(process: subprocess.Popen, timeout_s: float) -> bool:
             return False
         return True
     try:
-        ready, _, _ = select.select([pidfd], [], [], timeout_s)
+        return _readable(pidfd, timeout_s)
     finally:
         os.close(pidfd)
-    return bool(ready)
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Whether `fd` becomes readable within `timeout_s` (poll: any fd number, where select()
+    refuses those past 1023, which a run's process with Ray and gRPC open may hand out)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))
 
 
 def _read_info(fd: int, timeout_s: float) -> dict:
@@ -763,8 +771,7 @@ def _read_info(fd: int, timeout_s: float) -> dict:
     chunks = []
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
+        if not _readable(fd, left):
             break
         chunk = os.read(fd, 4096)
         if not chunk:
