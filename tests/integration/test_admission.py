@@ -45,6 +45,22 @@ def proposals(task_id: str, agents: int, max_tokens: int) -> list[TurnRequest]:
     return proposal_requests(task, build_council(Role.DEV, agents, settings), settings)
 
 
+def slot_holder(task_id: str) -> TurnRequest:
+    """A turn that holds its slot for tens of seconds whatever the model would say: the engine's
+    grammar for this JSON schema forbids the reply's end before 1,000 numbers (2,000+ tokens;
+    a plain 3,000-token proposal ended after ~200 tokens in 1 try of 8 and freed the slot)."""
+    [request] = proposals(task_id, 1, 3000)
+    numbers = {"type": "array", "items": {"type": "integer"}, "minItems": 1000}
+    schema = {"type": "object", "properties": {"numbers": numbers}, "required": ["numbers"]}
+    return request.model_copy(update={"response_schema": schema})
+
+
+def still_running(queue, turn_id: str) -> bool:
+    import ray
+
+    return ray.get(queue.poll.remote({turn_id: 0}, 0.0)).get(turn_id, {}).get("result") is None
+
+
 def engine(url: str) -> EngineSettings:
     return EngineSettings(base_url=url, model=MODEL_NAME, first_token_timeout_s=30, idle_timeout_s=30)
 
@@ -89,8 +105,7 @@ def test_an_abandoned_turn_closes_its_stream(llm_server: str, connected):
     import ray
 
     queue = engine_queue(engine(llm_server), DispatchSettings())
-    [request] = proposals("abandoned-1", 1, 3000)
-    ray.get(queue.submit.remote([("abandoned-1", request, math.inf)]))
+    ray.get(queue.submit.remote([("abandoned-1", slot_holder("abandoned-1"), math.inf)]))
     wait_for_first_chunk(queue, "abandoned-1")
     assert slots_processing(llm_server) == 1
     assert ray.get(queue.abandon.remote(["abandoned-1"])) == 1
@@ -105,14 +120,14 @@ def test_a_turn_that_cannot_make_its_deadline_is_timeout_without_being_sent(llm_
 
     settings = DispatchSettings(capacity=1)  # one slot, held by a long turn
     queue = engine_queue(engine(llm_server), settings)
-    [long] = proposals("long-1", 1, 3000)
-    ray.get(queue.submit.remote([("long-1", long, math.inf)]))
+    ray.get(queue.submit.remote([("long-1", slot_holder("long-1"), math.inf)]))
     wait_for_first_chunk(queue, "long-1")
     try:
         [result] = RayTurnDispatcher(engine(llm_server), settings, deadline=time.time() + 2)(
             proposals("short-1", 1, 32)
         )
         stats = ray.get(queue.stats.remote())
+        assert still_running(queue, "long-1"), "the long turn gave its slot up: the test proves nothing"
     finally:
         ray.get(queue.abandon.remote(["long-1"]))
     assert result.status is TurnStatus.TIMEOUT and result.error_type == NOT_STARTED
