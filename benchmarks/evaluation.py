@@ -52,8 +52,9 @@ def main() -> int:
             os.environ["FLEET_LLM_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
         if not os.environ.get("RAY_ADDRESS"):
             port = stack.free_port()
-            stop.callback(stack.start_ray_head(logs, port).stop)
-            os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+            token = stack.ray_auth_token(Path(tmp))
+            stop.callback(stack.start_ray_head(logs, port, token).stop)
+            os.environ.update(RAY_ADDRESS=f"127.0.0.1:{port}", RAY_AUTH_TOKEN_PATH=str(token))
         os.environ["FLEET_STORAGE_PATH"] = str(Path(tmp) / "storage")
         config = {
             "suite": args.suite,

@@ -36,12 +36,14 @@ def main() -> None:
     os.chmod(tmp, 0o755)
     model_port, ray_port, nats_port = stack.free_port(), stack.free_port(), stack.free_port()
     model = stack.start_model_server(tmp / "logs", model_port, parallel=3)
-    ray_head = stack.start_ray_head(tmp / "logs", ray_port)
+    ray_token = stack.ray_auth_token(tmp)
+    ray_head = stack.start_ray_head(tmp / "logs", ray_port, ray_token)
     nats = stack.start_nats(tmp / "logs", nats_port, tmp / "nats")
     os.environ.update(
         {
             "NATS_URL": f"nats://127.0.0.1:{nats_port}",
             "RAY_ADDRESS": f"127.0.0.1:{ray_port}",
+            "RAY_AUTH_TOKEN_PATH": str(ray_token),
             "FLEET_LLM_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
             "FLEET_STORAGE_PATH": str(tmp / "storage"),
             "FLEET_MAX_TOKENS": str(args.max_tokens),

@@ -27,6 +27,7 @@ from fleet_pipelines.llm.vllm_actor import (
     convert_gguf_to_hf,
     engine_actor,
 )
+from fleet_pipelines.resources.ray_cluster import present_ray_token
 
 PROMPT = [Message(role="user", content="Write a Python function that reverses a string, with a docstring.")]
 
@@ -100,8 +101,10 @@ def bench_server(hf_model: Path, logs: Path, concurrency: int, max_tokens: int) 
 def bench_actor(hf_model: Path, logs: Path, concurrency: int, max_tokens: int) -> None:
     import ray
 
-    head = stack.start_ray_head(logs, stack.free_port())
+    token = stack.ray_auth_token(logs)
+    head = stack.start_ray_head(logs, stack.free_port(), token)
     try:
+        present_ray_token(str(token))
         ray.init(address="auto", log_to_driver=False)
         settings = VLLMActorSettings(
             num_gpus=0,

@@ -142,6 +142,12 @@ class FleetSettings(BaseModel):
         validation_alias=_env("RAY_ADDRESS"),
         description="The Ray cluster agent turns run on (default: a private local Ray).",
     )
+    ray_auth_token_path: str | None = Field(
+        default=None,
+        validation_alias=_env("RAY_AUTH_TOKEN_PATH"),
+        description="Token file presented to that cluster (the local stack's head requires its own); "
+        "none: Ray's own settings.",
+    )
     # NATS
     nats_url: str | None = _supplies(ConnectOptions, "url", "NATS_URL")
     nats_secrets_set: tuple[str, ...] = Field(
@@ -299,6 +305,7 @@ class FleetSettings(BaseModel):
             "ray_cluster": (
                 ray := RayCluster(
                     address=self.ray_address,
+                    auth_token_path=self.ray_auth_token_path,
                     ray_init_options={"ignore_reinit_error": True, "log_to_driver": False},
                 )
             ),

@@ -7,6 +7,7 @@ everything a service started (Ray's raylets and workers included).
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -109,15 +110,48 @@ def start_model_server(
     return service
 
 
+def ray_auth_token(state_dir: Path) -> Path:
+    """The token file of the Ray heads started with this state dir: made once, its owner's only.
+
+    The stack chooses Ray's authentication itself. Ray (2.60) turns token authentication on for a
+    head started where `~/.ray/auth_token` exists, which a first local `ray.init()` writes, while
+    a process given an address (RAY_ADDRESS) never turns it on: the runs of such a stack failed
+    with "Authentication token is missing or incorrect". Our heads always require this token, and
+    every process that joins them presents it (`ray_auth_env`): Dagster and its runs through the
+    environment, `fleet` commands through the stack record (`RAY_AUTH_TOKEN_PATH`)."""
+    path = state_dir.resolve() / "ray" / "auth_token"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"auth_token.{os.getpid()}")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+        try:
+            os.link(partial, path)  # another process's token, if it got there first, stays
+        except FileExistsError:
+            pass
+        finally:
+            partial.unlink()
+    return path
+
+
+def ray_auth_env(token: Path) -> dict[str, str]:
+    """The variables under which Ray requires (a head) or presents (a client) `token`; Ray reads
+    them when it is imported (a process that imported it: `resources.ray_cluster.present_ray_token`)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+
+
 def start_ray_head(
     log_dir: Path,
     port: int,
+    token: Path,
     num_cpus: int = 2,
     timeout_s: float = 120,
     client_port: int | None = None,
     env: dict[str, str] | None = None,
 ) -> Service:
-    """`ray start --head`; with `client_port` its Ray Client server listens there (`ray://`)."""
+    """`ray start --head` requiring `token` (`ray_auth_token`) of every client; with
+    `client_port` its Ray Client server listens there (`ray://`)."""
     ray = str(Path(sys.executable).with_name("ray"))
     service = launch(
         "ray-head",
@@ -133,7 +167,7 @@ def start_ray_head(
             "--block",
         ],
         log_dir,
-        env,
+        {**ray_auth_env(token), **(env or {})},
     )
     service.wait_ready(
         lambda: port_open("127.0.0.1", port) and b"Ray runtime started" in service.log_path.read_bytes(),
@@ -143,15 +177,21 @@ def start_ray_head(
 
 
 def start_ray_node(
-    log_dir: Path, head: str, num_cpus: int = 1, timeout_s: float = 120, env: dict[str, str] | None = None
+    log_dir: Path,
+    head: str,
+    token: Path,
+    num_cpus: int = 1,
+    timeout_s: float = 120,
+    env: dict[str, str] | None = None,
 ) -> Service:
-    """A second Ray node joining the head at `head` (host:port), as a worker pod would."""
+    """A second Ray node joining the head at `head` (host:port) with its `token`, as a worker pod
+    would."""
     ray = str(Path(sys.executable).with_name("ray"))
     service = launch(
         "ray-node",
         [ray, "start", f"--address={head}", f"--num-cpus={num_cpus}", "--disable-usage-stats", "--block"],
         log_dir,
-        env,
+        {**ray_auth_env(token), **(env or {})},
     )
     service.wait_ready(lambda: b"Ray runtime started" in service.log_path.read_bytes(), timeout_s)
     return service
@@ -198,7 +238,15 @@ class DevStack:
     ports: dict[str, int]  # ui, model, ray, nats
 
 
-STACK_ENV = ("FLEET_LLM_BASE_URL", "VLLM_URL", "RAY_ADDRESS", "NATS_URL", "FLEET_MAX_TOKENS")
+STACK_ENV = (
+    "FLEET_LLM_BASE_URL",
+    "VLLM_URL",
+    "RAY_ADDRESS",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN_PATH",
+    "NATS_URL",
+    "FLEET_MAX_TOKENS",
+)
 
 
 @contextmanager
@@ -320,8 +368,10 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
             services.append(start_model_server(log_dir, ports.model))
             os.environ["FLEET_LLM_BASE_URL"] = f"http://127.0.0.1:{ports.model}/v1"
         print(f"model server: {os.environ.get('FLEET_LLM_BASE_URL') or os.environ['VLLM_URL']}", flush=True)
-        services.append(start_ray_head(log_dir, ports.ray))
+        ray_token = ray_auth_token(state_dir)
+        services.append(start_ray_head(log_dir, ports.ray, ray_token))
         os.environ["RAY_ADDRESS"] = f"127.0.0.1:{ports.ray}"
+        os.environ.update(ray_auth_env(ray_token))  # Dagster, its daemon and the runs join with it
         print(f"ray head: {os.environ['RAY_ADDRESS']}", flush=True)
         dagster_argv = [str(Path(sys.executable).with_name("dagster")), "dev"]
         dagster_argv += ["-w", str(repo_root / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(ports.ui)]
@@ -333,6 +383,7 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
             "NATS_URL": os.environ["NATS_URL"],
             "FLEET_LLM_BASE_URL": os.environ.get("FLEET_LLM_BASE_URL") or os.environ["VLLM_URL"],
             "RAY_ADDRESS": os.environ["RAY_ADDRESS"],
+            "RAY_AUTH_TOKEN_PATH": str(ray_token),
             "DAGSTER_HOME": str(dagster_home),
         }
         record = write_stack(state_dir, f"http://127.0.0.1:{ports.ui}", parts)

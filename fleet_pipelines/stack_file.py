@@ -2,7 +2,8 @@
 every `fleet` command and Dagster entry point (through `FleetSettings.from_env`) reads it.
 
 The record holds the environment variables the stack's own processes run with (`NATS_URL`,
-`FLEET_LLM_BASE_URL`, `RAY_ADDRESS`, `DAGSTER_HOME`) and the pid of `fleet dev`. A variable set in
+`FLEET_LLM_BASE_URL`, `RAY_ADDRESS` and its head's `RAY_AUTH_TOKEN_PATH`, `DAGSTER_HOME`) and the
+pid of `fleet dev`. A variable set in
 the environment always wins over the record; a record whose `fleet dev` is gone is ignored, so a
 command never connects to a server that nobody chose.
 
@@ -17,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STACK_FILE = "stack.json"
-# The variables the record may set, and the other names that set the same thing (an alias given in
-# the environment wins over the record as much as the name itself).
+# The variables the record may set, and the other names that keep its value out when set in the
+# environment (an alias of the same thing, or what it belongs with: the head's token goes with the
+# head's address, never with a cluster the environment names).
 STACK_VARIABLES: dict[str, tuple[str, ...]] = {
     "NATS_URL": (),
     "FLEET_LLM_BASE_URL": ("VLLM_URL",),
     "RAY_ADDRESS": (),
+    "RAY_AUTH_TOKEN_PATH": ("RAY_ADDRESS", "RAY_AUTH_TOKEN"),
     "DAGSTER_HOME": (),
 }
 

@@ -6,7 +6,10 @@ collide with `make dev`, the machine's own services, or each other.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +18,13 @@ import pytest
 
 from fleet_pipelines import stack
 from fleet_pipelines.settings import FleetSettings
+
+# Every Ray head of the session requires this token and every process of it presents it (as
+# `make dev`'s stack does): set before any test module imports Ray, which reads it then.
+_RAY_DIR = Path(tempfile.mkdtemp(prefix="fleet-tests-ray-"))
+atexit.register(shutil.rmtree, _RAY_DIR, True)
+RAY_TOKEN = stack.ray_auth_token(_RAY_DIR)
+os.environ.update(stack.ray_auth_env(RAY_TOKEN))
 
 _LEFT_ENTERED: list[str] = []  # the first test after which an entered instance was found
 
@@ -36,6 +46,12 @@ def no_dagster_instance_left_entered(request: pytest.FixtureRequest) -> Iterator
 
 
 @pytest.fixture(scope="session")
+def ray_token() -> Path:
+    """The token file every Ray head of the session requires."""
+    return RAY_TOKEN
+
+
+@pytest.fixture(scope="session")
 def stack_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("stack-logs")
 
@@ -53,7 +69,7 @@ def llm_server(stack_logs: Path) -> Iterator[str]:
 def ray_head(stack_logs: Path) -> Iterator[str]:
     """A real Ray head (ray start --head); RAY_ADDRESS points at it for the session."""
     port = stack.free_port()
-    service = stack.start_ray_head(stack_logs, port)
+    service = stack.start_ray_head(stack_logs, port, RAY_TOKEN)
     address = f"127.0.0.1:{port}"
     previous = os.environ.get("RAY_ADDRESS")
     os.environ["RAY_ADDRESS"] = address

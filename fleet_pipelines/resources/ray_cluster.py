@@ -12,6 +12,8 @@ whose client server is not listening yet. A run would fail for it, so the connec
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -35,6 +37,23 @@ def connect_ray(connect: Callable[[], T], attempts: int = CONNECT_ATTEMPTS) -> T
         reraise=True,
     )
     return retrying(connect)
+
+
+def present_ray_token(path: str) -> None:
+    """This process presents the token file `path` to the Ray clusters it joins from now on.
+
+    Ray reads RAY_AUTH_MODE and RAY_AUTH_TOKEN_PATH once, when it is imported; a process that has
+    imported it already is made to read them again, as Ray's own `_enable_token_auth` does (private
+    Ray: `tests/integration/test_ray_auth.py` fails by name when an upgrade changes it)."""
+    wanted = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": path}
+    if all(os.environ.get(k) == v for k, v in wanted.items()):
+        return
+    os.environ.update(wanted)
+    if "ray" in sys.modules:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
 
 
 class WithoutRayData(RayDataExecutionOptions):
@@ -62,6 +81,13 @@ class RayCluster(LocalRay):
         "ray.init's own choice, a private local Ray.",
     )
 
+    auth_token_path: str | None = Field(
+        default=None,
+        description="Token file presented to a cluster that requires one (RAY_AUTH_TOKEN_PATH; the "
+        "local stack's head always does, and records its file); none: Ray's own settings "
+        "(RAY_AUTH_MODE, RAY_AUTH_TOKEN).",
+    )
+
     connect_attempts: int = Field(
         default=CONNECT_ATTEMPTS,
         ge=1,
@@ -74,4 +100,6 @@ class RayCluster(LocalRay):
         return self.address
 
     def connect(self, context: Any) -> Any:
+        if self.auth_token_path:
+            present_ray_token(self.auth_token_path)
         return connect_ray(lambda: LocalRay.connect(self, context), self.connect_attempts)

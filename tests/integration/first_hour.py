@@ -5,8 +5,9 @@ alone: `make dev` listens on its default ports (3000, 8080, 6380, 4223) as on a 
 port 4222, where a machine often runs its own NATS, is held by a decoy nats-server that the user
 never chose (and which must see no connection at all). In a project folder laid out like a checkout
 (Makefile, pyproject.toml, .venv, the model folder), `make dev` runs in one process and the README's
-blocks run in another, each with a clean environment (`env -i`), as a second shell would. Prints a
-JSON report on stdout.
+blocks run in another, each with a clean environment (`env -i`), as a second shell would. HOME
+holds a Ray token of the user's own, as a first `ray.init()` leaves it. Prints a JSON report on
+stdout.
 
     python -m tests.integration.first_hour PROJECT_DIR BLOCKS_JSON
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import signal
 import socket
 import struct
@@ -139,6 +141,10 @@ def decoy_state() -> dict:
 def main(project: Path, blocks: list[str]) -> dict:
     loopback_up()
     home = Path(tempfile.mkdtemp(prefix="first-hour-home-"))
+    # A user who ever ran Ray: a first local `ray.init()` leaves a token here, and Ray then turns
+    # token authentication on for any head started from this home (our stack's included).
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
     lay_out(project)
     report: dict = {"passes": {}}
     # One pass, with the decoy up from the start: a block that passes while the decoy sees no

@@ -202,17 +202,19 @@ print(json.dumps({
 
 @pytest.mark.ray_client
 def test_runs_through_ray_client_share_one_queue_and_stream_back(
-    llm_server: str, nats_resource, tmp_path: Path
+    llm_server: str, nats_resource, tmp_path: Path, ray_token: Path
 ):
     """The production path: runs connect with ray:// (as deploy/ configures them) to a head with
     its client server on, beside a second node; two runs at once share one admission queue."""
     head_port, client_port = stack.free_port(), stack.free_port()
     cluster_env = {"PYTHONPATH": str(REPO_ROOT)}  # the cluster runs this checkout, as a pod runs the image
     head = stack.start_ray_head(
-        tmp_path / "head", head_port, num_cpus=1, client_port=client_port, env=cluster_env
+        tmp_path / "head", head_port, ray_token, num_cpus=1, client_port=client_port, env=cluster_env
     )
     try:
-        node = stack.start_ray_node(tmp_path / "node", f"127.0.0.1:{head_port}", num_cpus=1, env=cluster_env)
+        node = stack.start_ray_node(
+            tmp_path / "node", f"127.0.0.1:{head_port}", ray_token, num_cpus=1, env=cluster_env
+        )
         try:
             env = {
                 **os.environ,

@@ -22,6 +22,7 @@ PARTS = {
     "NATS_URL": "nats://127.0.0.1:4999",
     "FLEET_LLM_BASE_URL": "http://127.0.0.1:8999/v1",
     "RAY_ADDRESS": "127.0.0.1:6999",
+    "RAY_AUTH_TOKEN_PATH": "/tmp/stack-state/ray/auth_token",
     "DAGSTER_HOME": "/tmp/stack-home",
 }
 CLEAN = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -51,6 +52,10 @@ def test_settings_take_the_running_stacks_parts_and_a_variable_always_wins(tmp_p
     )
     assert mine.nats_url == "nats://mine:4222" and mine.llm_base_url == "http://mine:8000/v1"
     assert mine.ray_address == PARTS["RAY_ADDRESS"]
+    assert mine.ray_auth_token_path == PARTS["RAY_AUTH_TOKEN_PATH"]
+    # The head's token goes with the head's address only: never to a cluster the environment names.
+    elsewhere = FleetSettings.from_env({"FLEET_STATE_DIR": str(state), "RAY_ADDRESS": "ray://other:10001"})
+    assert elsewhere.ray_address == "ray://other:10001" and elsewhere.ray_auth_token_path is None
     remove_stack(state)
     assert (
         read_stack(state) is None and FleetSettings.from_env({"FLEET_STATE_DIR": str(state)}).nats_url is None
