@@ -20,23 +20,47 @@ from typing import Any, TypeVar
 from dagster_ray import LocalRay
 from dagster_ray.configs import RayDataExecutionOptions
 from pydantic import Field
-from tenacity import Retrying, before_sleep_log, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_after_attempt, wait_exponential
 
 T = TypeVar("T")
 CONNECT_ATTEMPTS = 4
 log = logging.getLogger(__name__)
 
 
+def token_refused(exc: BaseException) -> bool:
+    """Whether a failed connection was the cluster refusing this process's token (Ray raises a
+    ConnectionError whose cause carries the AuthenticationError, or its text)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if type(seen).__name__ == "AuthenticationError" or "InvalidAuthToken" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def connect_ray(connect: Callable[[], T], attempts: int = CONNECT_ATTEMPTS) -> T:
-    """`connect()` (a `ray.init`), retried on a connection error with 1, 2, 4 … s between tries."""
+    """`connect()` (a `ray.init`), retried on a connection error with 1, 2, 4 … s between tries;
+    a refused token is not retried: it is said at once, with the token file presented."""
     retrying = Retrying(
-        retry=retry_if_exception_type(ConnectionError),
+        retry=retry_if_exception(lambda e: isinstance(e, ConnectionError) and not token_refused(e)),
         stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=1, max=10),
         before_sleep=before_sleep_log(log, logging.WARNING),
         reraise=True,
     )
-    return retrying(connect)
+    try:
+        return retrying(connect)
+    except ConnectionError as exc:
+        if not token_refused(exc):
+            raise
+        presented = os.environ.get("RAY_AUTH_TOKEN_PATH") or (
+            "RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else "none"
+        )
+        raise ConnectionError(
+            f"the Ray cluster refused this process's token (presented: {presented}): it requires "
+            "one this process does not have. `make dev`'s head takes .fleet/ray/auth_token of its "
+            "folder, which commands run there present; another cluster's goes in RAY_AUTH_TOKEN_PATH"
+        ) from exc
 
 
 def present_ray_token(path: str) -> None:
