@@ -22,6 +22,21 @@ SUMMARY_FIELDS = {
 }
 
 
+def failure_chain(result) -> list[str]:
+    """Why a run failed: the first line of each error in its first failure's chain of causes (a
+    resource that could not start names its own reason only there)."""
+    for event in result.all_events:
+        error = getattr(event.event_specific_data, "error", None)
+        if event.is_failure or event.event_type_value == "RESOURCE_INIT_FAILURE":
+            lines = []
+            while error is not None:
+                lines.append(error.message.strip().splitlines()[0])  # "ClassName: message"
+                error = error.cause
+            if lines:
+                return lines
+    return []
+
+
 def progress_logger(init_context) -> logging.Logger:
     """A Dagster logger that prints what a person follows: each phase (step) as it starts, each
     agent turn as it finishes (the run log's turn lines: tokens, queue wait, service time), and
@@ -98,6 +113,8 @@ def run(as_json: bool, verbose: bool, **options) -> None:
         raise_on_error=False,
     )
     if not result.success:
+        for line in failure_chain(result):
+            click.echo(f"  because {line}", err=True)
         click.echo(f"task {task_id}: run {result.run_id} failed; see the Dagster UI", err=True)
         sys.exit(1)
     decision = result.output_for_node("decision")

@@ -84,3 +84,27 @@ def test_fleet_runs_progress_shows_phases_turn_lines_and_warnings_not_dagsters_d
             assert out.startswith(progress) and "STEP_START" in err and "2/2 proposals from the engine" in err
         else:
             assert out == progress and err == "  warning: 1 progress chunks could not be published\n"
+
+
+def test_a_failed_run_says_why_with_each_cause_of_its_first_failure():
+    import dagster as dg
+
+    from fleet_pipelines.cli.run import failure_chain
+
+    @dg.resource
+    def cluster(_):
+        try:
+            raise RuntimeError("Failed to connect to GCS.\nLast connection error: Traceback …")
+        except RuntimeError as exc:
+            raise ConnectionError("the Ray cluster refused this process's token") from exc
+
+    @dg.asset(required_resource_keys={"cluster"})
+    def proposals() -> int:
+        return 1
+
+    defs = dg.Definitions(assets=[proposals], jobs=[dg.define_asset_job("j")], resources={"cluster": cluster})
+    chain = failure_chain(defs.resolve_job_def("j").execute_in_process(raise_on_error=False))
+    assert chain[-2:] == [
+        "ConnectionError: the Ray cluster refused this process's token",
+        "RuntimeError: Failed to connect to GCS.",
+    ], chain
