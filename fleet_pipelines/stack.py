@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .stack_file import ray_auth_env, read_stack, remove_stack, running_stack, write_stack
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -133,12 +135,6 @@ def ray_auth_token(state_dir: Path) -> Path:
         finally:
             partial.unlink()
     return path
-
-
-def ray_auth_env(token: Path) -> dict[str, str]:
-    """The variables under which Ray requires (a head) or presents (a client) `token`; Ray reads
-    them when it is imported (a process that imported it: `resources.ray_cluster.present_ray_token`)."""
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
 
 
 def start_ray_head(
@@ -259,7 +255,6 @@ def fleet_dev(
     `max_tokens` caps every turn (None: the default budgets); `engine_url` uses that engine instead
     of starting one."""
     from .llm.local_server import default_model_dir
-    from .stack_file import read_stack
 
     ports = {name: free_port() for name in ("ui", "model", "ray", "nats")}
     env = {k: v for k, v in os.environ.items() if k not in (*STACK_ENV, "FLEET_STATE_DIR", "DAGSTER_HOME")}
@@ -315,7 +310,6 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
     FLEET_LLM_BASE_URL is set), a Ray head and `dagster dev`, each in its own process group.
     Returns when one of them exits (1), or on Ctrl-C / SIGTERM (0), after stopping all of them in
     reverse order."""
-    from .stack_file import remove_stack, running_stack, write_stack
 
     log_dir = state_dir / "logs"
     if running := running_stack(state_dir):

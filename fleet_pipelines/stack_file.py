@@ -30,6 +30,13 @@ STACK_VARIABLES: dict[str, tuple[str, ...]] = {
 }
 
 
+def ray_auth_env(token: str | Path) -> dict[str, str]:
+    """The variables under which Ray requires (a head) or presents (a client) the token file
+    `token`. Ray reads them when it is imported (a process that imported it already:
+    `resources.ray_cluster.present_ray_token`)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+
+
 def _start_ticks(pid: int) -> str | None:
     """When the process started (clock ticks since boot, /proc/PID/stat field 22): a pid that
     was reused by another process has another start."""

@@ -18,13 +18,14 @@ import pytest
 
 from fleet_pipelines import stack
 from fleet_pipelines.settings import FleetSettings
+from fleet_pipelines.stack_file import ray_auth_env
 
 # Every Ray head of the session requires this token and every process of it presents it (as
 # `make dev`'s stack does): set before any test module imports Ray, which reads it then.
 _RAY_DIR = Path(tempfile.mkdtemp(prefix="fleet-tests-ray-"))
 atexit.register(shutil.rmtree, _RAY_DIR, True)
 RAY_TOKEN = stack.ray_auth_token(_RAY_DIR)
-os.environ.update(stack.ray_auth_env(RAY_TOKEN))
+os.environ.update(ray_auth_env(RAY_TOKEN))
 
 _LEFT_ENTERED: list[str] = []  # the first test after which an entered instance was found
 

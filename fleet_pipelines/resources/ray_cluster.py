@@ -22,6 +22,8 @@ from dagster_ray.configs import RayDataExecutionOptions
 from pydantic import Field
 from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_after_attempt, wait_exponential
 
+from ..stack_file import ray_auth_env
+
 T = TypeVar("T")
 CONNECT_ATTEMPTS = 4
 log = logging.getLogger(__name__)
@@ -69,7 +71,7 @@ def present_ray_token(path: str) -> None:
     Ray reads RAY_AUTH_MODE and RAY_AUTH_TOKEN_PATH once, when it is imported; a process that has
     imported it already is made to read them again, as Ray's own `_enable_token_auth` does (private
     Ray: `tests/integration/test_ray_auth.py` fails by name when an upgrade changes it)."""
-    wanted = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": path}
+    wanted = ray_auth_env(path)
     if all(os.environ.get(k) == v for k, v in wanted.items()):
         return
     os.environ.update(wanted)
