@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleet_pipelines.scoring import sandbox
+from fleet_pipelines import sandbox
 
 RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 PREVIOUS = sys.argv[2] if len(sys.argv) > 2 else "f2a999c"

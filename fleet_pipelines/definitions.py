@@ -10,9 +10,9 @@ from .assets.decision_log import decision_log, decision_log_job
 from .assets.deliberation import build_deliberation_job, deliberation_assets
 from .assets.evaluation import evaluation, evaluation_job
 from .assets.story import story_decisions
+from .sandbox import log_when_unavailable
 from .schedules.evaluation import build_nightly_evaluation
 from .schedules.retention import build_history_schedules, retention_job
-from .scoring.sandbox import log_when_unavailable
 from .sensors import build_event_sensors
 from .settings import FleetSettings
 

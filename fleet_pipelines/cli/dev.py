@@ -22,7 +22,7 @@ import click
 )
 def dev(port: int, model_port: int, ray_port: int, nats_port: int) -> None:
     from .. import stack
-    from ..scoring.sandbox import unavailable_warning
+    from ..sandbox import unavailable_warning
     from ..settings import FleetSettings
     from .common import REPO_ROOT, dagster_home
 

@@ -33,8 +33,8 @@ from ..domain.models import (
     TurnStatus,
 )
 from ..domain.scoring import CheckResult, ScoringWeights, score_proposal
+from ..sandbox import SandboxLimits, run_tests
 from ..scoring.checks import execution_checks
-from ..scoring.sandbox import SandboxLimits, run_tests
 from ..workspace.runs import RepoRunLimits
 
 # Tuned on the development split (HumanEval 0-39) only: asking for the whole function first made

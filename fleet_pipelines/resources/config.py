@@ -17,7 +17,7 @@ from pydantic.fields import FieldInfo
 
 from ..domain.scoring import ScoringWeights
 from ..llm.settings import EngineSettings, VLLMActorSettings
-from ..scoring.sandbox import SandboxLimits
+from ..sandbox import SandboxLimits
 
 
 class DerivedConfig(dg.Config):

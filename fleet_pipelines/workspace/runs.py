@@ -1,4 +1,4 @@
-"""Runs on a repository, each in a fresh sandbox (`scoring.sandbox`): the workspace bound
+"""Runs on a repository, each in a fresh sandbox (`fleet_pipelines.sandbox`): the workspace bound
 read-only at /mnt/repo and copied into the sandbox's own work dir, its dependency environment
 read-only at /mnt/env, git and ruff bound read-only. The program that runs there is
 `sandbox_job.py`; this module builds its job and reads back its report.
@@ -20,8 +20,8 @@ from ..domain.workspace import (
     changed_paths,
     is_test_path,
 )
+from ..sandbox import TOOL_DIR, SandboxLimits, SandboxResult, run_python
 from ..scoring.checks import RUFF_RULES, ruff_binary
-from ..scoring.sandbox import TOOL_DIR, SandboxLimits, SandboxResult, run_python
 
 _JOB = Path(__file__).with_name("sandbox_job.py")
 REPORT_MARK = "FLEET-JOB-REPORT "

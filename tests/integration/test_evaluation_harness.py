@@ -10,7 +10,7 @@ import pytest
 
 from fleet_pipelines.domain import evaluation as ev
 from fleet_pipelines.evaluation.suites import load_fleet, load_humaneval
-from fleet_pipelines.scoring.sandbox import isolation_available, run_tests
+from fleet_pipelines.sandbox import isolation_available, run_tests
 
 PROBLEMS = load_humaneval() + load_fleet()
 

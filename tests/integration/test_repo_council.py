@@ -37,7 +37,7 @@ from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.io import DomainIOManager
 from fleet_pipelines.resources.repos import ReposConfig
-from fleet_pipelines.scoring.sandbox import isolation_available
+from fleet_pipelines.sandbox import isolation_available
 from fleet_pipelines.workspace.push import remote_branch_commit
 from tests.scripted import ScriptedTurnRunner
 

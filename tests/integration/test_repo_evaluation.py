@@ -12,7 +12,7 @@ from fleet_pipelines.domain.scoring import ScoringWeights
 from fleet_pipelines.evaluation.repo_problems import RepoJudge, problem_workspace, repo_task
 from fleet_pipelines.evaluation.repo_suite import REPO_CASES
 from fleet_pipelines.evaluation.suites import get_suite, load_repos, sample_problems
-from fleet_pipelines.scoring.sandbox import isolation_available
+from fleet_pipelines.sandbox import isolation_available
 from fleet_pipelines.workspace.runs import RepoRunLimits, baseline, score_patch
 
 needs_sandbox = pytest.mark.skipif(not isolation_available()[0], reason="needs the bubblewrap sandbox")

@@ -15,7 +15,7 @@ import pytest
 
 from fleet_pipelines.domain.models import RepoSpec
 from fleet_pipelines.evaluation.repo_suite import git_commit_all
-from fleet_pipelines.scoring.sandbox import isolation_available
+from fleet_pipelines.sandbox import isolation_available
 from fleet_pipelines.workspace.checkout import CheckoutError, CheckoutLimits, checkout, git_env
 from fleet_pipelines.workspace.prepare import prepare_workspace
 from fleet_pipelines.workspace.runs import RepoRunLimits, baseline, score_patch

