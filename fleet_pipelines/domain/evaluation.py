@@ -144,20 +144,36 @@ def empty_source(problem: Problem) -> str:
     return problem.prompt + "    pass\n"
 
 
+def prompt_preamble(problem: Problem) -> str:
+    """What every test program of a problem starts with: the prompt's own imports and helpers
+    (everything of the prompt but the entry point's definition), then the entry point taken from
+    the candidate. The helpers the hidden test calls (`poly`, `encode_cyclic`) are the prompt's,
+    never the candidate's redefinitions, and the entry point is the candidate's even where a
+    builtin has its name."""
+    tree = ast.parse(problem.prompt)
+    lines = problem.prompt.splitlines(keepends=True)
+    for node in reversed(tree.body):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == problem.entry_point:
+            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            del lines[start - 1 : node.end_lineno]
+    return f"{''.join(lines).rstrip()}\n\nfrom solution import {problem.entry_point}\n"
+
+
 def hidden_tests(problem: Problem) -> str:
     """Test code for the sandbox's harness (`run_tests`, the candidate as `solution.py`): the
-    hidden test's `check` called on the entry point. The test runs in the harness's test process
-    with pristine builtins, where the candidate's functions it names (the prompt's helpers too) are
-    stubs whose results cross as plain data, so nothing the candidate does can pass it but right
-    answers."""
-    return f"{problem.test}\n\ndef test_hidden():\n    check({problem.entry_point})\n"
+    prompt's preamble (`prompt_preamble`), then the hidden test's `check` called on the entry
+    point. The test runs in the harness's test process with pristine builtins, where the
+    candidate's entry point is a stub whose results cross as plain data, so nothing the candidate
+    does can pass it but right answers."""
+    run = f"def test_hidden():\n    check({problem.entry_point})\n"
+    return f"{prompt_preamble(problem)}\n{problem.test}\n\n{run}"
 
 
-def examples_tests(examples: Sequence[Example]) -> str:
-    """Test code with one test per prompt example, for the harness like `hidden_tests`. An example
-    holds when the value equals the expected one evaluated as Python, or when its repr equals the
-    expected text (doctest's rule)."""
-    tests = []
+def examples_tests(problem: Problem, examples: Sequence[Example]) -> str:
+    """Test code with one test per prompt example, for the harness like `hidden_tests` (after the
+    same preamble). An example holds when the value equals the expected one evaluated as Python,
+    or when its repr equals the expected text (doctest's rule)."""
+    tests = [prompt_preamble(problem)]
     for i, example in enumerate(examples):
         tests.append(
             f"def test_example_{i:03d}():\n"

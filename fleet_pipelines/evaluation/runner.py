@@ -88,7 +88,7 @@ class CandidateJudge:
             limits = self.settings.sandbox
             examples = 0
             if self.examples:
-                shown = run_tests(source, [], ev.examples_tests(self.examples), limits)
+                shown = run_tests(source, [], ev.examples_tests(self.problem, self.examples), limits)
                 examples = ev.examples_passed(shown.outcomes)
             hidden = run_tests(source, [], ev.hidden_tests(self.problem), limits)
             if hidden.result.status == "not_run":

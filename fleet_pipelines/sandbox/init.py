@@ -20,7 +20,10 @@ the solution ran; nothing of the solution can ever write to it.
 The tests run with pristine builtins (the test process never imports the solution) in a namespace
 of their own. A name the tests use that is neither theirs nor a builtin is looked up in the
 solution (an *entry point*): a function becomes a local stub whose calls are requests over the
-socket, a value comes across as a copy. Everything crossing is **plain data** (None, bool, int,
+socket, a value comes across as a copy. The task's entry points (the spec's `entry_points`, and
+what the tests take `from solution import ...`) are the solution's before any builtin, so a task
+may ask for `sorted` or `round`; every other builtin name is the builtin, whatever the solution
+defines. Everything crossing is **plain data** (None, bool, int,
 float, complex, str, bytes, bytearray, and lists, tuples, dicts, sets and frozensets of these),
 rebuilt here from JSON with exact builtin types before any test sees it: no object of the
 solution's ever reaches a test's operators, and nothing of the test's (the expected value) is
@@ -36,6 +39,7 @@ import builtins
 import ctypes
 import io
 import json
+import linecache
 import os
 import resource
 import signal
@@ -46,6 +50,7 @@ import time
 import traceback
 
 WORK = "/work"
+TESTS_FILE = "<tests>"  # the tests' file name in tracebacks: no path the solution can write
 MAX_FRAME = 32 * 1024 * 1024
 MAX_DEPTH = 64
 SETUP_FAILED = 125
@@ -168,8 +173,10 @@ def serve(sock):
             kind, name = request[0], request[1]
             if kind == "import":
                 reply = ["ok", None]
-            elif name not in names:
+            elif kind != "names" and name not in names:
                 raise NameError(f"name {name!r} is not defined by the solution")
+            elif kind == "names":
+                reply = ["ok", encode(sorted(n for n in names if not n.startswith("_")))]
             elif kind == "get":
                 value = names[name]
                 reply = ["callable"] if callable(value) else ["ok", encode(value)]
@@ -259,12 +266,42 @@ def entry_point(client, name):
     return call
 
 
-class EntryPoints(dict):
-    """The tests' builtins: the pristine builtins, then the solution's names on first use."""
+class SolutionModule:
+    """`solution` as the tests import it: each name taken from it is an entry point (`from
+    solution import sorted` binds the solution's `sorted`, before the builtin, in the tests)."""
 
     def __init__(self, client):
+        self._client = client
+        self.__name__ = "solution"
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name != "__all__":
+            raise AttributeError(name)
+        if name == "__all__":  # `from solution import *`: the solution's public names
+            return self._client.request(["names", ""])
+        try:
+            return self._client.request(["get", name])
+        except NameError as exc:
+            raise AttributeError(str(exc)) from None
+
+
+class EntryPoints(dict):
+    """The tests' builtins: the pristine builtins, then the solution's names on first use. The
+    task's entry points (`entry_points`) are no builtins here: they are always the solution's
+    (a task may ask for `sorted`), and a NameError where the solution does not define them."""
+
+    def __init__(self, client, entry_points=()):
         super().__init__(vars(builtins))
+        for name in entry_points:
+            self.pop(name, None)
         self.client = client
+        self.module = SolutionModule(client)
+        self["__import__"] = self.import_
+
+    def import_(self, name, globals=None, locals=None, fromlist=(), level=0):
+        if name == "solution" and level == 0:
+            return self.module
+        return builtins.__import__(name, globals, locals, fromlist, level)
 
     def __missing__(self, name):
         try:
@@ -314,7 +351,7 @@ def run_tests(spec, result_fd, ours, process):
         record("import solution", False, traceback.format_exc(limit=3))
         imported = False
     if imported:
-        namespace = {"__name__": "fleet_tests", "__builtins__": EntryPoints(client)}
+        namespace = {"__name__": "fleet_tests", "__builtins__": EntryPoints(client, spec["entry_points"])}
         for call, expected in spec["examples"]:
             try:
                 got, want = eval(call, namespace), eval(expected, namespace)
@@ -322,8 +359,16 @@ def run_tests(spec, result_fd, ours, process):
             except BaseException:
                 record(f"example: {call}", False, traceback.format_exc(limit=2))
         if spec["tests"]:
+            # The tests' source lines in tracebacks come from here, never from a file the
+            # solution could write (a "tests.py" in the work dir would be read by linecache).
+            linecache.cache[TESTS_FILE] = (
+                len(spec["tests"]),
+                None,
+                spec["tests"].splitlines(True),
+                TESTS_FILE,
+            )
             try:
-                exec(compile(spec["tests"], "tests.py", "exec"), namespace)
+                exec(compile(spec["tests"], TESTS_FILE, "exec"), namespace)
             except BaseException:
                 record("tests (top level)", False, traceback.format_exc(limit=3))
             else:

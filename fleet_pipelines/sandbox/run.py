@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
@@ -114,14 +115,20 @@ def run_python(
 
 
 def run_tests(
-    solution: str, examples: list[tuple[str, str]], tests: str, limits: SandboxLimits = DEFAULT_LIMITS
+    solution: str,
+    examples: list[tuple[str, str]],
+    tests: str,
+    limits: SandboxLimits = DEFAULT_LIMITS,
+    entry_points: Sequence[str] = (),
 ) -> TestRun:
     """The examples (call, expected) and the test code against `solution` (solution.py), the
-    solution in its own process; outcomes come back on a channel only the test process holds."""
+    solution in its own process; outcomes come back on a channel only the test process holds.
+    `entry_points`: names the tests mean the solution's by, before any builtin of that name."""
     setup = _setup()
     if isinstance(setup, tuple):
         return TestRun(SandboxResult("not_run", None, "", "", 0.0, f"no isolation: {setup[1]}"))
-    return _run(setup, "tests", {"solution.py": solution}, limits, {"examples": examples, "tests": tests})
+    harness = {"examples": examples, "tests": tests, "entry_points": list(entry_points)}
+    return _run(setup, "tests", {"solution.py": solution}, limits, harness)
 
 
 def _read_truncated(stream: IO[bytes], max_chars: int) -> str:

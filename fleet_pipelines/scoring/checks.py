@@ -7,6 +7,8 @@ current proposal, for its revision prompt.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import json
 import shutil
 import subprocess
@@ -36,6 +38,7 @@ RUFF_RULES = "E4,E7,E9,F"  # ruff's defaults: syntax, undefined names, unused im
 NOT_RUNNABLE_RULES = ("F821", "F822", "F823", "F811", "E9")
 JUDGE_AGENT_ID = "judge"
 _EXCERPT = 1_500
+_BUILTINS = frozenset(vars(builtins))
 
 
 def ruff_binary() -> str | None:
@@ -117,6 +120,26 @@ def runs_check(code: str, issues: list[dict] | None, limits: SandboxLimits) -> C
     return CheckResult(name="runs", value=1.0, evidence="imports cleanly; no undefined names", ran=ran)
 
 
+def example_entry_points(examples: Sequence[tuple[str, str]]) -> list[str]:
+    """The names the examples mean the solution's by, even where a builtin has that name: an
+    example that calls no other name than builtins (`sorted([3, 1])`, `round(2.5)`) is about a
+    function of the task named like a builtin, the one it calls outermost. In `round(f(x), 2)`
+    `f` is the task's and `round` the builtin. (Tests say it themselves: `from solution import
+    sorted`.)"""
+    names: dict[str, None] = {}
+    for call, _ in examples:
+        try:
+            tree = ast.parse(call, mode="eval").body
+        except SyntaxError:
+            continue
+        called = {
+            n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        }
+        if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and called <= _BUILTINS:
+            names[tree.func.id] = None
+    return list(names)
+
+
 def tests_check(task: Task, code: str, limits: SandboxLimits) -> CheckResult:
     """The task's tests and examples against the proposal's code (`solution.py`), run by the
     sandbox's harness: the solution in its own process, outcomes on a channel it cannot reach."""
@@ -126,7 +149,7 @@ def tests_check(task: Task, code: str, limits: SandboxLimits) -> CheckResult:
     if not code.strip():
         return CheckResult(name="tests", value=0.0, evidence="no Python code that parses to test")
     examples = [(e.call, e.expected) for e in constraints.examples]
-    run = run_tests(code, examples, constraints.tests, limits)
+    run = run_tests(code, examples, constraints.tests, limits, example_entry_points(examples))
     result = run.result
     ran = (
         f"sandbox: {len(examples)} example(s) + task tests against solution.py "

@@ -1335,7 +1335,7 @@ def test_a_do_nothing_candidate_passes_no_humaneval_test_and_no_prompt_example(k
         if not examples:
             return passed, 0
         held = [
-            ev.examples_passed(sandbox.run_tests(s, [], ev.examples_tests(examples), LIMITS).outcomes)
+            ev.examples_passed(sandbox.run_tests(s, [], ev.examples_tests(problem, examples), LIMITS).outcomes)
             for s in (source, ev.empty_source(problem))
         ]
         return passed, held[0] - held[1]  # examples it holds beyond what returning None holds

@@ -257,9 +257,19 @@ def test_shadowed_builtins_and_lying_values_score_zero_and_rank_below_any_passin
         "lying": (LYING_VALUE, 0.99),
         "one right": ("def is_palindrome(s):\n    return True\n", 0.1),  # holds for 'aba' only
     }
+    problem = ev.Problem(
+        suite="unit",
+        problem_id="unit/0",
+        index=0,
+        role=Role.DEV,
+        prompt='def is_palindrome(s):\n    """Whether s reads the same backwards."""\n',
+        entry_point="is_palindrome",
+        test="",
+        canonical_solution="",
+    )
     candidates = []
     for name, (source, score) in sources.items():
-        run = run_tests(source, [], ev.examples_tests(examples), LIMITS)
+        run = run_tests(source, [], ev.examples_tests(problem, examples), LIMITS)
         held = ev.examples_passed(run.outcomes)
         candidates.append(ev.Candidate(agent_id=name, has_code=True, examples_passed=held, score=score))
     assert [c.examples_passed for c in candidates] == [0, 0, 1]
