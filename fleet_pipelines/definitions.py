@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-
 import dagster as dg
 
 from .assets.decision_log import decision_log, decision_log_job
 from .assets.deliberation import build_deliberation_job, deliberation_assets
 from .assets.evaluation import evaluation, evaluation_job
 from .assets.story import story_decisions
-from .sandbox import log_when_unavailable
 from .schedules.evaluation import build_nightly_evaluation
 from .schedules.retention import build_history_schedules, retention_job
 from .sensors import build_event_sensors
@@ -18,7 +15,6 @@ from .settings import FleetSettings
 
 settings = FleetSettings.from_env()
 deliberation_job = build_deliberation_job(settings.engine_id())
-threading.Thread(target=log_when_unavailable, name="fleet-sandbox-probe", daemon=True).start()
 
 defs = dg.Definitions(
     assets=[*deliberation_assets, story_decisions, evaluation, decision_log],

@@ -3,7 +3,7 @@ scoring, repository jobs and the evaluation: `setup` builds it (bubblewrap, secc
 the uid pool) and names the isolation in force, `run` runs in it, `init` is its trusted pid 1.
 """
 
-from .run import isolation_available, log_when_unavailable, run_python, run_tests, unavailable_warning
+from .run import isolation_available, run_python, run_tests, unavailable_warning
 from .setup import (
     MOUNT_ROOT,
     TOOL_DIR,
@@ -19,7 +19,6 @@ __all__ = [
     "SandboxResult",
     "TestRun",
     "isolation_available",
-    "log_when_unavailable",
     "run_python",
     "run_tests",
     "unavailable_warning",

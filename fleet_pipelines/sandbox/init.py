@@ -394,11 +394,12 @@ def set_limits(limits):
     mb = 1024 * 1024
     for kind, value in (
         (resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1)),
-        (resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2),
-        (resource.RLIMIT_NPROC, (limits["max_processes"],) * 2),
+        (resource.RLIMIT_AS, (limits["address_space_mb"] * mb,) * 2),
+        (resource.RLIMIT_NPROC, (limits["processes"],) * 2),
         (resource.RLIMIT_FSIZE, (limits["max_file_mb"] * mb,) * 2),
         (resource.RLIMIT_NOFILE, (256, 256)),
         (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_MSGQUEUE, (0, 0)),  # POSIX message queues: memory outside the address space
     ):
         resource.setrlimit(kind, value)
 

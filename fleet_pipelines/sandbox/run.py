@@ -24,10 +24,13 @@ from .setup import (
     OWN_UID,
     SANDBOX_ENV,
     SANDBOX_UID,
+    Bound,
     SandboxLimits,
     SandboxResult,
     Setup,
     TestRun,
+    Unavailable,
+    bound,
     candidate,
     mount_binds,
     sandbox_uid,
@@ -52,7 +55,15 @@ def _probe(setup: Setup) -> tuple[bool, str]:
 
 @functools.cache
 def _setup() -> Setup | tuple[None, str]:
-    """The sandbox built and probed once per process, falling back where the host refuses a part."""
+    """The sandbox built and probed once per process, falling back where the host refuses a part;
+    where none can be had, said once (a warning at the first use of the sandbox)."""
+    setup = _built()
+    if isinstance(setup, tuple):
+        logging.getLogger("fleet_pipelines.sandbox").warning(_unavailable(setup[1]))
+    return setup
+
+
+def _built() -> Setup | tuple[None, str]:
     setup = candidate()
     if isinstance(setup, tuple):
         return setup
@@ -80,21 +91,17 @@ def isolation_available() -> tuple[bool, str]:
 
 
 def unavailable_warning() -> str | None:
-    """What to warn about at start-up when the sandbox cannot run (None when it can)."""
+    """What to warn about when the sandbox cannot run (None when it can): `fleet dev` prints it at
+    start-up, and every process logs it at its first use of the sandbox."""
     ok, why = isolation_available()
-    if ok:
-        return None
+    return None if ok else _unavailable(why)
+
+
+def _unavailable(why: str) -> str:
     return (
         "the sandbox is unavailable, so no proposal's code will run: every runs and tests check "
         f"will be not_run and no winner will pass winner_passes_checks ({why})"
     )
-
-
-def log_when_unavailable() -> None:
-    """Logs `unavailable_warning` (the code location runs it in a thread at load)."""
-    warning = unavailable_warning()
-    if warning:
-        logging.getLogger("fleet_pipelines.sandbox").warning(warning)
 
 
 def run_python(
@@ -110,7 +117,10 @@ def run_python(
     setup = _setup()
     if isinstance(setup, tuple):
         return SandboxResult("not_run", None, "", "", 0.0, f"no isolation: {setup[1]}")
-    extra = [*mount_binds(setup, mounts or {}), *tool_binds(tuple(tools), setup.own_uid)]
+    try:
+        extra = [*mount_binds(setup, mounts or {}), *tool_binds(tuple(tools), setup.own_uid)]
+    except Unavailable as exc:  # the runtime folder is another user's: no readable copy of a tool
+        return _refused("script", f"no isolation: {OWN_UID}: {exc}", setup.isolation())
     return _run(setup, "script", {**(files or {}), "main.py": source}, limits, extra_binds=extra)
 
 
@@ -129,6 +139,12 @@ def run_tests(
         return TestRun(SandboxResult("not_run", None, "", "", 0.0, f"no isolation: {setup[1]}"))
     harness = {"examples": examples, "tests": tests, "entry_points": list(entry_points)}
     return _run(setup, "tests", {"solution.py": solution}, limits, harness)
+
+
+def _refused(mode: str, reason: str, isolation: str) -> SandboxResult | TestRun:
+    """A run that did not start: `not_run`, and why."""
+    result = SandboxResult("not_run", None, "", "", 0.0, reason, isolation)
+    return result if mode == "script" else TestRun(result)
 
 
 def _read_truncated(stream: IO[bytes], max_chars: int) -> str:
@@ -158,7 +174,7 @@ def _memfd(name: str, data: bytes = b"") -> int:
 
 
 def _argv(
-    setup: Setup, limits: SandboxLimits, info_fd: int, block_fd: int, seccomp_fd: int, extra_binds: list[str]
+    setup: Setup, held: Bound, info_fd: int, block_fd: int, seccomp_fd: int, extra_binds: list[str]
 ) -> list[str]:
     mb = 1024 * 1024
     argv = [setup.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
@@ -176,8 +192,8 @@ def _argv(
         *(["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"] if setup.proc else []),
     ]
     argv += ["--dev", "/dev"]
-    argv += ["--size", str(limits.work_dir_mb * mb), "--tmpfs", "/dev/shm"]
-    argv += ["--size", str(limits.work_dir_mb * mb), "--perms", "0700", "--tmpfs", "/work"]
+    argv += ["--size", str(held.shm_mb * mb), "--tmpfs", "/dev/shm"]
+    argv += ["--size", str(held.work_mb * mb), "--perms", "0700", "--tmpfs", "/work"]
     argv += ["--ro-bind", setup.init, "/fleet/init.py", "--remount-ro", "/", "--chdir", "/work"]
     return argv
 
@@ -223,13 +239,16 @@ def _run(
     extra_binds: list[str] | None = None,
 ):
     _check_names(files)
+    held = bound(limits, setup.cgroup is not None)
+    if isinstance(held, str):
+        return _refused(mode, f"not run: {held}", setup.isolation())
     spec = {
         "files": files,
         "env": SANDBOX_ENV,
         "limits": {
             "cpu_s": max(1, int(limits.cpu_s)),
-            "memory_mb": limits.memory_mb,
-            "max_processes": limits.max_processes,
+            "address_space_mb": held.address_space_mb,
+            "processes": held.processes,
             "max_file_mb": limits.max_file_mb,
         },
         **(harness or {}),
@@ -263,9 +282,12 @@ def _run(
         with contextlib.ExitStack() as stack:
             out = stack.enter_context(tempfile.TemporaryFile())
             err = stack.enter_context(tempfile.TemporaryFile())
-            uid = stack.enter_context(sandbox_uid()) if setup.own_uid else None
+            try:
+                uid = stack.enter_context(sandbox_uid()) if setup.own_uid else None
+            except Unavailable as exc:  # the uid pool's folder is another user's, or all taken
+                return _refused(mode, f"no isolation: {OWN_UID}: {exc}", setup.isolation())
             process = subprocess.Popen(
-                [*_argv(setup, limits, info_w, block_r, seccomp_fd, extra_binds or []), "--", *command],
+                [*_argv(setup, held, info_w, block_r, seccomp_fd, extra_binds or []), "--", *command],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

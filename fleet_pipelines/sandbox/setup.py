@@ -60,7 +60,8 @@ OWN_UID = "as root every run needs its own unprivileged uid (never host uid 0)"
 # tracing or reading other processes, eBPF, perf, userfaultfd, keyrings, io_uring, memfd_secret,
 # memfd_create (pages no rlimit bounds), file locks (`flock`, and fcntl's lock and lease commands:
 # sandboxes share the read-only interpreter files, so a lock on one is seen by all), inotify,
-# fanotify and dnotify (another sandbox's opens and reads of those shared files). socket() only
+# fanotify and dnotify (another sandbox's opens and reads of those shared files), System V shared
+# memory and message queues (pages held by no process, so in no rlimit's count). socket() only
 # for AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK (no AF_VSOCK, ...).
 # (audit arch, name -> number, socket, fcntl) per machine.
 _DENIED_SYSCALLS = {
@@ -82,6 +83,8 @@ _DENIED_SYSCALLS = {
             "memfd_secret": 447,
             "memfd_create": 319,
             "flock": 73,
+            "shmget": 29,
+            "msgget": 68,
             "inotify_init": 253,
             "inotify_init1": 294,
             "fanotify_init": 300,
@@ -107,6 +110,8 @@ _DENIED_SYSCALLS = {
             "memfd_secret": 447,
             "memfd_create": 279,
             "flock": 32,
+            "shmget": 194,
+            "msgget": 186,
             "inotify_init1": 26,
             "fanotify_init": 262,
         },
@@ -183,6 +188,60 @@ class SandboxLimits:
     cpus: float = 1.0
 
 
+# Without a writable cgroup the memory limit is kept by the rlimits and the tmpfs sizes alone:
+# address space per process x processes + /work + /dev/shm <= memory_mb. A process is given at
+# least _PROCESS_SHARE_MB before a further process is allowed (at least 2: pid 1 and the program,
+# or the test and solution processes); a run whose processes would get less than
+# _MIN_PROCESS_MB each (an interpreter needs ~15 MB mapped to start) is refused.
+_PROCESS_SHARE_MB = 256
+_MIN_PROCESS_MB = 48
+_MIN_PROCESSES = 2
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The limits a run is held to: the address space of each process, how many processes (and
+    threads), and the sizes of the tmpfs /work and /dev/shm. With a cgroup these are the
+    `SandboxLimits` as given and the cgroup holds the total; without one they are shrunk so that
+    `total_mb` (what the run can hold at most) is within `memory_mb`."""
+
+    address_space_mb: int
+    processes: int
+    work_mb: int
+    shm_mb: int
+
+    @property
+    def total_mb(self) -> int:
+        return self.address_space_mb * self.processes + self.work_mb + self.shm_mb
+
+    def describe(self, memory_mb: int) -> str:
+        return (
+            f"memory bound for the whole sandbox {self.total_mb} MB <= memory limit {memory_mb} MB: "
+            f"{self.address_space_mb} MB address space per process x {self.processes} processes + "
+            f"{self.work_mb} MB /work + {self.shm_mb} MB /dev/shm"
+        )
+
+
+def bound(limits: SandboxLimits, cgroup: bool) -> Bound | str:
+    """The limits of a run under `limits` (`cgroup`: a cgroup holds the whole sandbox), or why
+    such a run cannot be held within its memory limit without a cgroup."""
+    if cgroup:
+        return Bound(limits.memory_mb, limits.max_processes, limits.work_dir_mb, limits.work_dir_mb)
+    memory = limits.memory_mb
+    shm = min(limits.work_dir_mb, memory // 16)
+    work = min(limits.work_dir_mb, memory // 4 - shm)
+    rest = memory - work - shm
+    processes = min(limits.max_processes, max(_MIN_PROCESSES, rest // _PROCESS_SHARE_MB))
+    address_space = min(memory, rest // max(1, processes))
+    if address_space < _MIN_PROCESS_MB:
+        return (
+            f"memory limit {memory} MB cannot hold a run without a writable cgroup: "
+            f"{processes} processes of at least {_MIN_PROCESS_MB} MB address space + {work} MB /work + "
+            f"{shm} MB /dev/shm"
+        )
+    return Bound(address_space, processes, work, shm)
+
+
 @dataclass(frozen=True)
 class SandboxResult:
     status: Literal["passed", "failed", "timeout", "error", "not_run"]  # passed = exit code 0
@@ -219,21 +278,16 @@ class Setup:
     def isolation(self, limits: SandboxLimits | None = None) -> str:
         """The isolation in force; with `limits`, the exact memory bound of a run under them."""
         if self.cgroup:
-            bound = self.cgroup.describe()
+            held = self.cgroup.describe()
         else:
-            bound = "rlimits per process (no writable cgroup)"
-            if limits is not None:
-                tmpfs = 2 * limits.work_dir_mb
-                total = limits.memory_mb * limits.max_processes + tmpfs
-                bound += (
-                    f"; memory bound for the whole sandbox {total} MB = {limits.memory_mb} MB address "
-                    f"space per process x {limits.max_processes} processes + {tmpfs} MB tmpfs "
-                    "(/work, /dev/shm)"
-                )
+            held = "rlimits per process (no writable cgroup)"
+            run = bound(limits, cgroup=False) if limits is not None else None
+            if isinstance(run, Bound) and limits is not None:
+                held += f"; {run.describe(limits.memory_mb)}"
         proc = "" if self.proc else ", no /proc (the runtime masks its own)"
         seccomp = "; seccomp deny-list" if seccomp_filter() else ""
         uid = "; own uid per run" if self.own_uid else ""
-        return f"bwrap (all namespaces, allow-listed fs{proc}, pid 1 ours){seccomp}{uid}; limits: {bound}"
+        return f"bwrap (all namespaces, allow-listed fs{proc}, pid 1 ours){seccomp}{uid}; limits: {held}"
 
     def sources(self) -> list[str]:
         """Every host path the sandbox reads: bwrap, and what it binds."""
@@ -260,12 +314,22 @@ def _readable_by_others(path: str) -> bool:
     return mode & wanted == wanted
 
 
+class Unavailable(RuntimeError):
+    """What a root caller needs under the shared temp directory (the uid pool's folder, the
+    runtime folder) is another user's, or every uid of the pool is taken: nothing can run
+    (`not_run` with this reason, never an exception to the caller)."""
+
+
 def _root_only_dir(path: Path, mode: int) -> Path:
-    """`path`, made if missing: a directory owned by root that no other user may write."""
-    path.mkdir(mode=mode, exist_ok=True)
-    info = path.lstat()
+    """`path`, made if missing: a directory owned by root that no other user may write (any
+    other user may have made it first: `Unavailable`)."""
+    try:
+        path.mkdir(mode=mode, exist_ok=True)
+        info = path.lstat()
+    except OSError as exc:  # e.g. a file or a dangling symlink of that name
+        raise Unavailable(f"{path} cannot be made: {exc.strerror}") from None
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
-        raise RuntimeError(f"{path} must be a directory owned by root that no other user may write")
+        raise Unavailable(f"{path} must be a directory owned by root that no other user may write")
     return path
 
 
@@ -308,7 +372,7 @@ def _readable_copy(path: str, keep: tuple[str, ...] = ()) -> str:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if not target.exists():
-        raise RuntimeError(f"could not make a copy of {path} under {root}")
+        raise Unavailable(f"could not make a copy of {path} under {root}")
     return str(target)
 
 
@@ -331,7 +395,7 @@ def sandbox_uid() -> Iterator[int]:
     files in a root-only dir, released when the run ends or its caller dies."""
     locks = _root_only_dir(Path(tempfile.gettempdir()) / "fleet-sandbox-uids", 0o700)
     if locks.lstat().st_mode & 0o077:
-        raise RuntimeError(f"{locks} must be a directory only root can use")
+        raise Unavailable(f"{locks} must be a directory only root can use")
     start = random.randrange(_UID_SLOTS)
     for i in range(_UID_SLOTS):
         slot = (start + i) % _UID_SLOTS
@@ -346,7 +410,7 @@ def sandbox_uid() -> Iterator[int]:
         finally:
             os.close(fd)
         return
-    raise RuntimeError(f"all {_UID_SLOTS} sandbox uids are in use")
+    raise Unavailable(f"all {_UID_SLOTS} sandbox uids are in use")
 
 
 def _bwrap() -> str | None:

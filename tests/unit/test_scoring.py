@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.council import CouncilSettings, build_council
 from fleet_pipelines.domain.decision import rank
@@ -276,21 +279,37 @@ def test_shadowed_builtins_and_lying_values_score_zero_and_rank_below_any_passin
     assert candidates[ev.select(candidates)].agent_id == "one right"
 
 
-def test_an_unavailable_sandbox_is_announced_at_start_up(monkeypatch, caplog):
+def test_an_unavailable_sandbox_is_announced_once_at_its_first_use(monkeypatch, caplog):
     from fleet_pipelines.sandbox import run as sandbox
     from fleet_pipelines.sandbox import setup as sandbox_setup
 
     monkeypatch.setattr(sandbox_setup, "_bwrap", lambda: None)
     sandbox._setup.cache_clear()
     try:
-        warning = sandbox.unavailable_warning()
         with caplog.at_level("WARNING", logger="fleet_pipelines.sandbox"):
-            sandbox.log_when_unavailable()
+            first = sandbox.run_python("print('never')")
+            sandbox.run_tests("def f():\n    return 1\n", [], "")
+        warning = sandbox.unavailable_warning()
     finally:
         monkeypatch.undo()
         sandbox._setup.cache_clear()
+    assert first.status == "not_run"
     assert warning is not None and "not_run" in warning and "bwrap not found" in warning
-    assert caplog.records and caplog.records[0].getMessage() == warning
+    assert [r.getMessage() for r in caplog.records] == [warning]
+
+
+def test_importing_the_code_location_starts_no_thread_and_probes_nothing():
+    """The sandbox's warning comes at its first use (and from `fleet dev`), never from a thread
+    started when Dagster loads the code location."""
+    program = (
+        "import threading\n"
+        "import fleet_pipelines.definitions\n"
+        "from fleet_pipelines.sandbox import run\n"
+        "print([t.name for t in threading.enumerate()], run._setup.cache_info().currsize)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["['MainThread']", "0"], done.stdout
 
 
 def test_fleet_dev_warns_at_start_up_when_the_sandbox_is_unavailable(monkeypatch, tmp_path):
