@@ -277,8 +277,8 @@ class SolutionModule:
     def __getattr__(self, name):
         if name.startswith("__") and name != "__all__":
             raise AttributeError(name)
-        if name == "__all__":  # `from solution import *`: the solution's public names
-            return self._client.request(["names", ""])
+        if name == "__all__":  # `from solution import *`: its public names but the builtins'
+            return [n for n in self._client.request(["names", ""]) if not hasattr(builtins, n)]
         try:
             return self._client.request(["get", name])
         except NameError as exc:

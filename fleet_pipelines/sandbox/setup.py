@@ -297,6 +297,7 @@ class Setup:
 
 _UID_BASE = 1_500_000_000  # unprivileged uids of runs started by root: one per concurrent run
 _UID_SLOTS = 1024
+_UID_POOL = Path(tempfile.gettempdir()) / "fleet-sandbox-uids"  # root-only: a lock file per uid
 # Where root keeps copies, readable by the runs' uids, of what they run that other users cannot
 # read (an interpreter installed in root's home directory): root-owned, written by root only.
 _RUNTIME = Path(tempfile.gettempdir()) / "fleet-sandbox-runtime"
@@ -393,7 +394,7 @@ def _readable_bwrap(bwrap: str) -> str:
 def sandbox_uid() -> Iterator[int]:
     """A uid no other run (of any process on this host) holds meanwhile: slots are flock'ed
     files in a root-only dir, released when the run ends or its caller dies."""
-    locks = _root_only_dir(Path(tempfile.gettempdir()) / "fleet-sandbox-uids", 0o700)
+    locks = _root_only_dir(_UID_POOL, 0o700)
     if locks.lstat().st_mode & 0o077:
         raise Unavailable(f"{locks} must be a directory only root can use")
     start = random.randrange(_UID_SLOTS)
