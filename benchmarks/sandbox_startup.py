@@ -1,11 +1,13 @@
 """Sandbox start-up: the current sandbox against an earlier one, in the same run.
 
-The earlier implementation (fleet_pipelines/scoring/ sandbox.py, sandbox_init.py and cgroups.py
-as of a commit, read from git: by default f2a999c, the `unshare` sandbox before bubblewrap) is
-loaded as a package from a temp dir beside the current one. Both run, alternately:
+The earlier implementation is read from git at a commit and loaded as a package from a temp dir
+beside the current one: in the layout before the sandbox had its own package
+(fleet_pipelines/scoring/ sandbox.py, sandbox_init.py and cgroups.py; by default 5161a66, the
+last commit of that layout), or in that of fleet_pipelines/sandbox/ (a later commit). The
+current one is fleet_pipelines/sandbox/ of this checkout. Both run, alternately:
   - `pass` (`run_python`): the fixed cost of one sandbox run;
-  - a solution with one example and one test: the previous harness (one process, result on
-    stdout) against `run_tests` (solution and tests in separate processes, result on a private fd).
+  - a solution with one example and one test (`run_tests`: solution and tests in separate
+    processes, result on a private fd; the one-process harness of commits before it).
 Prints median and p90 per run and the difference in ms (also the median of the differences of
 back-to-back pairs, steadier on a loaded machine); also the one-off first-call cost (probe, and
 for bwrap the library scan). Asserts nothing.
@@ -27,7 +29,7 @@ from pathlib import Path
 from fleet_pipelines import sandbox
 
 RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-PREVIOUS = sys.argv[2] if len(sys.argv) > 2 else "f2a999c"
+PREVIOUS = sys.argv[2] if len(sys.argv) > 2 else "5161a66"
 SOLUTION = "def add(a, b):\n    return a + b\n"
 TESTS = "def test_add():\n    assert add(2, 3) == 5\n"
 OLD_HARNESS = (  # what the previous tests check ran: one process, results printed
@@ -37,22 +39,41 @@ OLD_HARNESS = (  # what the previous tests check ran: one process, results print
 )
 
 
+def _show(path: str) -> str | None:
+    shown = subprocess.run(
+        ["git", "show", f"{PREVIOUS}:{path}"],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+    )
+    return shown.stdout if shown.returncode == 0 else None
+
+
 def load_previous(where: Path):
-    repo = Path(__file__).resolve().parents[1]
-    package = where / "previous_scoring"
+    """The sandbox of commit PREVIOUS, as the package `previous_sandbox`: its `run_python`,
+    `run_tests` (where it had one) and `isolation_available`."""
+    package = where / "previous_sandbox"
     package.mkdir()
-    (package / "__init__.py").write_text("")
-    for name in ("sandbox.py", "sandbox_init.py", "cgroups.py"):
-        shown = subprocess.run(
-            ["git", "show", f"{PREVIOUS}:fleet_pipelines/scoring/{name}"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-        )
-        if shown.returncode == 0:  # cgroups.py came later than the first sandbox
-            (package / name).write_text(shown.stdout)
+    if _show("fleet_pipelines/sandbox/setup.py") is not None:  # the sandbox's own package
+        names = {name: f"fleet_pipelines/sandbox/{name}" for name in ("__init__.py", "setup.py", "run.py")}
+        names |= {
+            "init.py": "fleet_pipelines/sandbox/init.py",
+            "cgroups.py": "fleet_pipelines/sandbox/cgroups.py",
+        }
+        module = "previous_sandbox"
+    else:  # fleet_pipelines/scoring/sandbox.py and its neighbours
+        names = {
+            name: f"fleet_pipelines/scoring/{name}"
+            for name in ("sandbox.py", "sandbox_init.py", "cgroups.py")
+        }
+        (package / "__init__.py").write_text("")
+        module = "previous_sandbox.sandbox"
+    for name, path in names.items():
+        text = _show(path)
+        if text is not None:  # cgroups.py came later than the first sandbox
+            (package / name).write_text(text)
     sys.path.insert(0, str(where))
-    return importlib.import_module("previous_scoring.sandbox")
+    return importlib.import_module(module)
 
 
 def timed(call) -> float:

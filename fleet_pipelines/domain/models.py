@@ -123,12 +123,15 @@ class Constraints(BaseModel):
         default="",
         max_length=MAX_TEST_CHARS,
         description="Python test code run in the sandbox against the proposal's code: top-level "
-        "asserts and/or `test_*` functions; the proposal's names are imported from `solution`.",
+        "asserts and/or `test_*` functions; the proposal's names are found in `solution`, except "
+        "one named like a builtin (`sorted`), which the tests take `from solution import sorted`.",
     )
     examples: list[TaskExample] = Field(
         default_factory=list,
         max_length=MAX_EXAMPLES,
-        description="Input/output examples, each {call: Python expression, expected: Python expression}.",
+        description="Input/output examples, each {call: Python expression, expected: Python expression}; "
+        "an example that calls only builtin names (`sorted([3, 1])`) calls the proposal's function "
+        "of that name.",
     )
 
 

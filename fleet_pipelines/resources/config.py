@@ -70,12 +70,14 @@ SandboxLimitsConfig = derived_config(
         "wall_s": "Wall-clock limit of one test run.",
         "cpu_s": "CPU-seconds limit of one test run.",
         "memory_mb": "Memory limit in MiB of the whole sandbox (its cgroup, shared memory included) "
-        "and of each process's address space.",
+        "and of each process's address space; where no cgroup is writable, address space x "
+        "processes + the tmpfs sizes are shrunk to fit it (or the run is refused).",
         "max_processes": "Process limit of the whole sandbox (its cgroup; RLIMIT_NPROC in its own "
-        "user namespace where no cgroup is writable).",
+        "user namespace where no cgroup is writable, then at most what memory_mb holds).",
         "max_file_mb": "Largest file a test run may write, MiB.",
         "max_output_chars": "Output kept from a test run.",
-        "work_dir_mb": "Size of the tmpfs work dir (and of /dev/shm) in MiB.",
+        "work_dir_mb": "Size of the tmpfs work dir (and of /dev/shm) in MiB; where no cgroup is "
+        "writable, at most a quarter of memory_mb for both.",
         "cpus": "CPU bandwidth of the whole sandbox in cores (its cgroup).",
     },
 )

@@ -228,8 +228,8 @@ def bound(limits: SandboxLimits, cgroup: bool) -> Bound | str:
     if cgroup:
         return Bound(limits.memory_mb, limits.max_processes, limits.work_dir_mb, limits.work_dir_mb)
     memory = limits.memory_mb
-    shm = min(limits.work_dir_mb, memory // 16)
-    work = min(limits.work_dir_mb, memory // 4 - shm)
+    shm = max(1, min(limits.work_dir_mb, memory // 16))  # a tmpfs of size 0 would be unlimited
+    work = max(1, min(limits.work_dir_mb, memory // 4 - shm))
     rest = memory - work - shm
     processes = min(limits.max_processes, max(_MIN_PROCESSES, rest // _PROCESS_SHARE_MB))
     address_space = min(memory, rest // max(1, processes))

@@ -68,3 +68,26 @@ def test_cgroup_paths_are_read_relative_to_the_mount_root():
     own = cgroups._own_paths("8:pids:/\n4:memory:/process_api/abc\n0::/\n")
     assert cgroups._dir_of(mounts["memory"], own["memory"]) == Path("/sys/fs/cgroup/memory/abc")
     assert cgroups._dir_of(mounts["pids"], own["pids"]) == Path("/sys/fs/cgroup/pids")
+
+
+def test_without_a_cgroup_what_a_run_can_hold_fits_its_memory_limit_or_it_is_refused():
+    """`bound`: address space per process x processes + /work + /dev/shm never exceeds
+    memory_mb without a cgroup; with one, the limits stand as given (the cgroup holds the sum)."""
+    from fleet_pipelines.sandbox.setup import Bound, SandboxLimits, bound
+
+    assert bound(SandboxLimits(memory_mb=256, max_processes=16), cgroup=False) == Bound(96, 2, 48, 16)
+    repo = SandboxLimits(memory_mb=1024, max_processes=64, work_dir_mb=512)
+    assert bound(repo, cgroup=False) == Bound(256, 3, 192, 64)  # 1 GiB of tmpfs asked for
+    assert bound(repo, cgroup=True) == Bound(1024, 64, 512, 512)
+    refused = bound(SandboxLimits(memory_mb=100), cgroup=False)
+    assert isinstance(refused, str) and refused.startswith("memory limit 100 MB cannot hold a run")
+    for memory in range(1, 20_000, 37):
+        for processes in (1, 2, 3, 16, 64):
+            for work in (0, 1, 64, 512, 4096):
+                limits = SandboxLimits(memory_mb=memory, max_processes=processes, work_dir_mb=work)
+                held = bound(limits, cgroup=False)
+                if isinstance(held, str):
+                    continue
+                assert held.total_mb <= memory and held.processes <= processes, (limits, held)
+                assert held.address_space_mb >= 48 and 1 <= held.work_mb <= max(1, work)
+                assert 1 <= held.shm_mb <= max(1, work)  # never 0: a tmpfs of size 0 is unlimited
