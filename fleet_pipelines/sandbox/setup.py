@@ -193,7 +193,7 @@ class SandboxLimits:
 # least _PROCESS_SHARE_MB before a further process is allowed (at least 2: pid 1 and the program,
 # or the test and solution processes); a run whose processes would get less than
 # _MIN_PROCESS_MB each (an interpreter needs ~15 MB mapped to start) is refused.
-_PROCESS_SHARE_MB = 256
+_PROCESS_SHARE_MB = 128
 _MIN_PROCESS_MB = 48
 _MIN_PROCESSES = 2
 

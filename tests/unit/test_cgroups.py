@@ -77,7 +77,7 @@ def test_without_a_cgroup_what_a_run_can_hold_fits_its_memory_limit_or_it_is_ref
 
     assert bound(SandboxLimits(memory_mb=256, max_processes=16), cgroup=False) == Bound(96, 2, 48, 16)
     repo = SandboxLimits(memory_mb=1024, max_processes=64, work_dir_mb=512)
-    assert bound(repo, cgroup=False) == Bound(256, 3, 192, 64)  # 1 GiB of tmpfs asked for
+    assert bound(repo, cgroup=False) == Bound(128, 6, 192, 64)  # 1 GiB of tmpfs asked for
     assert bound(repo, cgroup=True) == Bound(1024, 64, 512, 512)
     refused = bound(SandboxLimits(memory_mb=100), cgroup=False)
     assert isinstance(refused, str) and refused.startswith("memory limit 100 MB cannot hold a run")
