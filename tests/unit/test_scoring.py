@@ -307,6 +307,35 @@ def test_shadowed_builtins_and_lying_values_score_zero_and_rank_below_any_passin
     assert candidates[ev.select(candidates)].agent_id == "one right"
 
 
+def test_a_task_named_like_a_builtin_is_scored_on_the_proposals_function():
+    """A task asking for `sorted` or a half-up `round`: the tests check calls the proposal's, so a
+    wrong `sorted` scores what any wrong answer scores and a right `round` scores 1.0 (through
+    the builtins they scored 1.0 and 0.0)."""
+    from fleet_pipelines.scoring.checks import example_entry_points, tests_check
+
+    def task(name: str, call: str, expected: str, test: str) -> Task:
+        constraints = {
+            "tests": f"from solution import {name}\n\n{test}",
+            "examples": [{"call": call, "expected": expected}],
+        }
+        return Task(
+            task_id=f"builtin-{name}", description=f"Write {name}.", role=Role.DEV, constraints=constraints
+        )
+
+    sorting = task(
+        "sorted", "sorted([3, 1, 2])", "[1, 2, 3]", "def test_two():\n    assert sorted([2, 1]) == [1, 2]\n"
+    )
+    rounding = task("round", "round(2.5)", "3", "def test_half():\n    assert round(0.5) == 1\n")
+    named = example_entry_points([("sorted([3, 1])", "[1, 3]"), ("round(f(x), 2)", "1"), ("len('a')", "1")])
+    assert named == ["sorted", "len"]
+    wrong_sorted = "def sorted(items):\n    return list(items)\n"
+    right_sorted = "import builtins\n\ndef sorted(items):\n    return builtins.sorted(items)\n"
+    assert tests_check(sorting, wrong_sorted, LIMITS).value == 0.0
+    assert tests_check(sorting, right_sorted, LIMITS).value == 1.0
+    assert tests_check(rounding, "def round(x):\n    return int(x + 0.5)\n", LIMITS).value == 1.0
+    assert tests_check(rounding, "x = 1\n", LIMITS).value == 0.0  # no round of its own: no builtin
+
+
 def test_an_unavailable_sandbox_is_announced_once_at_its_first_use(monkeypatch, caplog):
     from fleet_pipelines.sandbox import run as sandbox
     from fleet_pipelines.sandbox import setup as sandbox_setup
