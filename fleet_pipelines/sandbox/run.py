@@ -116,7 +116,7 @@ def run_python(
     git) at /fleet/bin/NAME, read-only, with the libraries they load."""
     setup = _setup()
     if isinstance(setup, tuple):
-        return SandboxResult("not_run", None, "", "", 0.0, f"no isolation: {setup[1]}")
+        return _refused("script", f"no isolation: {setup[1]}", "")
     try:
         extra = [*mount_binds(setup, mounts or {}), *tool_binds(tuple(tools), setup.own_uid)]
     except Unavailable as exc:  # the runtime folder is another user's: no readable copy of a tool
@@ -136,7 +136,7 @@ def run_tests(
     `entry_points`: names the tests mean the solution's by, before any builtin of that name."""
     setup = _setup()
     if isinstance(setup, tuple):
-        return TestRun(SandboxResult("not_run", None, "", "", 0.0, f"no isolation: {setup[1]}"))
+        return _refused("tests", f"no isolation: {setup[1]}", "")
     harness = {"examples": examples, "tests": tests, "entry_points": list(entry_points)}
     return _run(setup, "tests", {"solution.py": solution}, limits, harness)
 
