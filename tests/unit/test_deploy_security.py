@@ -636,7 +636,7 @@ def test_pods_run_as_the_images_user():
 
 
 NODE = NODE_DIR
-PROFILES_LABEL = "fleet-pipelines.io/sandbox-profiles"
+PROFILES_LABEL = "fleet-pipelines.io/sandbox-node"
 
 
 @pytest.mark.parametrize("owner", sorted(SCORING_PODS))
@@ -644,7 +644,8 @@ def test_scoring_pods_give_the_sandbox_what_bubblewrap_needs(owner: str):
     """bwrap (unprivileged, user namespaces) needs a non-root uid (root without CAP_SETFCAP may not
     map uid 0) and seccomp/AppArmor profiles that let it create namespaces and mount; no capability.
     The pod is user-namespaced (its uids are unprivileged on the node) and its /proc stays masked.
-    Those profiles exist only on nodes the installer labelled, so the pod is placed there."""
+    Those profiles exist only on the sandbox nodes, where the installer runs, so the pod is placed
+    there."""
     (pod,) = [p for _, o, p in EVERY_POD if o == owner]
     assert pod.get("hostUsers") is False
     assert pod["securityContext"]["runAsUser"] != 0 and pod["securityContext"]["runAsNonRoot"]
@@ -655,19 +656,15 @@ def test_scoring_pods_give_the_sandbox_what_bubblewrap_needs(owner: str):
     assert main["appArmorProfile"] == {"type": "Localhost", "localhostProfile": "fleet-sandbox"}
     assert (NODE / main["seccompProfile"]["localhostProfile"]).is_file()
     assert (NODE / (main["appArmorProfile"]["localhostProfile"] + ".apparmor")).is_file()
-    assert pod["nodeSelector"] == {PROFILES_LABEL: installed_profiles_label_value()}
+    assert pod["nodeSelector"] == {PROFILES_LABEL: installer_node_label_value()}
 
 
-def installed_profiles_label_value() -> str:
-    """The value of the label the installer DaemonSet (deploy/node/) puts on its node once both
-    profiles are in place (its PROFILES_LABEL, key=value)."""
+def installer_node_label_value() -> str:
+    """The value of the sandbox-node label the installer DaemonSet (deploy/node/) selects: it
+    installs the profiles on exactly the nodes the scoring pods select."""
     (daemonset,) = [d for d in load_docs(NODE_DIR) if d["kind"] == "DaemonSet"]
-    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
-    (label,) = [e["value"] for e in container["env"] if e["name"] == "PROFILES_LABEL"]
-    assert "PROFILES_LABEL" in container["args"][0]
-    key, value = label.split("=")
-    assert key == PROFILES_LABEL
-    return value
+    selector = daemonset["spec"]["template"]["spec"]["nodeSelector"]
+    return selector[PROFILES_LABEL]
 
 
 def test_only_profile_bound_pods_name_a_localhost_profile_and_all_are_placed():
