@@ -783,6 +783,8 @@ def test_the_sandbox_runs_under_the_seccomp_profile_as_the_pods_user(tmp_path: P
     done = as_the_scoring_pod(NODE / "fleet-sandbox.json")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("(True, 'bwrap"), done.stdout
+    # The evidence names the tier: this process's seccomp filter (the profile just loaded).
+    assert "seccomp filter')" in done.stdout, done.stdout
     # What the runtime's default profile refuses without CAP_SYS_ADMIN breaks it: the profile matters.
     default_like = tmp_path / "default-like.json"
     default_like.write_text(
@@ -800,3 +802,43 @@ def test_the_sandbox_runs_under_the_seccomp_profile_as_the_pods_user(tmp_path: P
     )
     refused = as_the_scoring_pod(default_like)
     assert refused.stdout.startswith("(False,"), refused.stdout
+
+
+def helm_merge(base: Any, overlay: Any) -> Any:
+    """Helm's coalescing of a later values file over an earlier one: maps merge key by key, a key
+    set to null is deleted, anything else replaces."""
+    if not (isinstance(base, dict) and isinstance(overlay, dict)):
+        return copy.deepcopy(overlay)
+    merged = copy.deepcopy(base)
+    for key, value in overlay.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = helm_merge(base.get(key), value)
+    return merged
+
+
+def test_the_seccomp_only_tier_keeps_every_other_setting_of_the_run_pods():
+    """On nodes without AppArmor (deploy/helm/sandbox-seccomp-only.yaml over the chart values):
+    the run pod loses only its AppArmor field; the seccomp profile, the user namespace and
+    `restricted` stay."""
+    from .deploy_objects import chart_run_job
+
+    overlay = yaml.safe_load((ROOT / "deploy" / "helm" / "sandbox-seccomp-only.yaml").read_text())
+    base_pod = chart_run_job(VALUES)["spec"]["template"]["spec"]
+    pod = chart_run_job(helm_merge(VALUES, overlay))["spec"]["template"]["spec"]
+    context = pod["containers"][0]["securityContext"]
+    assert "appArmorProfile" not in context
+    assert context["seccompProfile"] == {"type": "Localhost", "localhostProfile": "fleet-sandbox.json"}
+    expected = copy.deepcopy(base_pod)
+    del expected["containers"][0]["securityContext"]["appArmorProfile"]
+    for p in (expected, pod):  # the run id differs between two launches
+        p["containers"][0]["args"] = p["containers"][0]["env"] = None
+    assert pod == expected
+    for version in POLICY_VERSIONS:
+        assert (
+            violations(
+                chart_run_job(helm_merge(VALUES, overlay))["spec"]["template"]["spec"], "restricted", version
+            )
+            == {}
+        )
