@@ -26,6 +26,8 @@ from .deploy_objects import (
     DAGSTER_DIR,
     K8S,
     NODE_DIR,
+    VALUES,
+    chart_run_job,
     containers,
     instance_run_job,
     load_docs,
@@ -177,11 +179,15 @@ def test_only_the_daemon_and_the_webserver_hold_the_dagster_token():
     assert pods["Deployment/fleet-pipelines"]["serviceAccountName"] == workload["metadata"]["name"]
 
 
-def test_run_pods_hold_no_service_account_token():
-    """Run pods execute proposal code (in the sandbox): no token, under an identity with no rules."""
-    pod = instance_run_job()["spec"]["template"]["spec"]
+@pytest.mark.parametrize("route", ["instance", "chart"])
+def test_run_pods_hold_no_service_account_token(route: str):
+    """Run pods execute proposal code (in the sandbox): no token, under an identity with no rules,
+    on both Dagster routes (the chart's launcher would otherwise give them the chart's account)."""
+    job = instance_run_job() if route == "instance" else chart_run_job(VALUES)
+    pod = job["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     assert pod["serviceAccountName"] == "fleet-workload"
+    assert not any("serviceAccountToken" in str(v) for v in pod.get("volumes", []))
     bound = {s["name"] for b in of_kind(load_docs(DAGSTER_DIR), "RoleBinding") for s in b["subjects"]}
     assert "fleet-workload" not in bound
 
