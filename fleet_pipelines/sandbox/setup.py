@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from . import cgroups
+from . import cgroups, lsm
 
 _INIT = Path(__file__).with_name("init.py")
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/work", "LANG": "C.UTF-8"}
@@ -287,7 +287,9 @@ class Setup:
         proc = "" if self.proc else ", no /proc (the runtime masks its own)"
         seccomp = "; seccomp deny-list" if seccomp_filter() else ""
         uid = "; own uid per run" if self.own_uid else ""
-        return f"bwrap (all namespaces, allow-listed fs{proc}, pid 1 ours){seccomp}{uid}; limits: {held}"
+        confinement = lsm.confinement()  # the node's tier: AppArmor, SELinux or neither
+        isolation = f"bwrap (all namespaces, allow-listed fs{proc}, pid 1 ours){seccomp}{uid}"
+        return f"{isolation}; limits: {held}; {confinement}"
 
     def sources(self) -> list[str]:
         """Every host path the sandbox reads: bwrap, and what it binds."""

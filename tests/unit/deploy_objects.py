@@ -70,10 +70,22 @@ def load_docs(directory: Path) -> list[dict[str, Any]]:
 
 @functools.cache
 def _parsed_docs(directory: Path) -> list[dict[str, Any]]:
+    """kustomize's build, as far as deploy/ uses it: resources (files or kustomization folders),
+    components (their resources, then their JSON 6902 patches on the whole result) and
+    configMapGenerator (names without the content hash)."""
     kustomization = load((directory / "kustomization.yaml").read_text())
     docs = []
-    for name in kustomization["resources"]:
-        docs += load_all((directory / name).read_text())
+    for name in kustomization.get("resources", []):
+        path = (directory / name).resolve()
+        docs += copy.deepcopy(_parsed_docs(path)) if path.is_dir() else load_all(path.read_text())
+    for name in kustomization.get("components", []):
+        component = (directory / name).resolve()
+        docs += copy.deepcopy(_parsed_docs(component))
+        for patch in load((component / "kustomization.yaml").read_text()).get("patches", []):
+            target = patch["target"]
+            for doc in docs:
+                if doc["kind"] == target["kind"] and doc["metadata"]["name"] == target["name"]:
+                    json_patch(doc, load(patch["patch"]))
     for generator in kustomization.get("configMapGenerator", []):
         data = {Path(f).name: (directory / f).read_text() for f in generator["files"]}
         metadata = {"name": generator["name"]}
@@ -81,6 +93,30 @@ def _parsed_docs(directory: Path) -> list[dict[str, Any]]:
             metadata["namespace"] = generator["namespace"]
         docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
     return docs
+
+
+def json_patch(doc: dict[str, Any], operations: list[dict[str, Any]]) -> None:
+    """RFC 6902 add / replace / remove, the operations deploy/'s patches use (kustomize applies
+    them with the same meaning)."""
+    for op in operations:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        node: Any = doc
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if isinstance(node, list):
+            index = len(node) if last == "-" else int(last)
+            if op["op"] == "remove":
+                del node[index]
+            elif op["op"] == "add":
+                node.insert(index, op["value"])
+            else:
+                node[index] = op["value"]
+        elif op["op"] == "remove":
+            del node[last]
+        else:
+            if op["op"] == "replace" and last not in node:
+                raise KeyError(f"replace of a missing path {op['path']}")
+            node[last] = op["value"]
 
 
 def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -116,14 +152,42 @@ def kuberay_pods(cluster: dict[str, Any]) -> list[tuple[str, Pod]]:
             ray.setdefault("volumeMounts", []).append({"name": "shared-mem", "mountPath": "/dev/shm"})
         return pod
 
+    auth = spec.get("authOptions") or {}
+    token_auth = auth.get("mode", "token") == "token" if auth else False
+
+    def with_token(container: dict[str, Any]) -> None:
+        """SetContainerTokenAuthEnvVars: RAY_AUTH_MODE=token, RAY_AUTH_TOKEN from the Secret
+        (secretName, else one named after the cluster), key auth_token; unless already set."""
+        env = container.setdefault("env", [])
+        names = {e["name"] for e in env}
+        if "RAY_AUTH_MODE" not in names:
+            env.append({"name": "RAY_AUTH_MODE", "value": "token"})
+        if "RAY_AUTH_TOKEN" not in names:
+            secret = auth.get("secretName") or cluster["metadata"]["name"]
+            ref = {"secretKeyRef": {"name": secret, "key": "auth_token"}}
+            env.append({"name": "RAY_AUTH_TOKEN", "valueFrom": ref})
+
     head = ray_pod(spec["headGroupSpec"]["template"])
     if spec.get("enableInTreeAutoscaling"):
+        # BuildHeadPodTemplate: the head runs as the autoscaler's service account.
+        head["serviceAccountName"] = cluster["metadata"]["name"]
         options = spec.get("autoscalerOptions", {})
-        autoscaler = {"name": "autoscaler", "image": head["containers"][0]["image"]}
+        autoscaler = {
+            "name": "autoscaler",
+            "image": head["containers"][0]["image"],
+            "volumeMounts": [{"name": "ray-logs", "mountPath": "/tmp/ray"}],
+        }
+        if token_auth:
+            with_token(autoscaler)
+        # mergeAutoscalerOverrides
+        autoscaler["volumeMounts"] += copy.deepcopy(options.get("volumeMounts", []))
+        autoscaler.setdefault("env", []).extend(copy.deepcopy(options.get("env", [])))
         if "securityContext" in options:
             autoscaler["securityContext"] = copy.deepcopy(options["securityContext"])
         head["containers"].append(autoscaler)
         head["volumes"].append({"name": "ray-logs", "emptyDir": {}})
+    if token_auth:
+        with_token(head["containers"][0])
     pods = [("RayCluster/head", head)]
     for group in spec["workerGroupSpecs"]:
         worker = ray_pod(group["template"])
@@ -132,6 +196,9 @@ def kuberay_pods(cluster: dict[str, Any]) -> list[tuple[str, Pod]]:
         if "securityContext" in ray:
             wait["securityContext"] = copy.deepcopy(ray["securityContext"])
         worker["initContainers"] = [*worker.get("initContainers", []), wait]
+        if token_auth:
+            with_token(ray)
+            with_token(wait)
         pods.append((f"RayCluster/{group['groupName']}", worker))
     return pods
 

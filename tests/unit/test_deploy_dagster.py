@@ -277,10 +277,13 @@ def test_run_pods_get_the_platforms_settings_without_the_code_servers_context(ro
         ("secretRef", "fleet-llm"),
         ("secretRef", "fleet-nats"),
     } <= sources
-    assert ("secretRef", "fleet-s3") in sources
+    # The push token and remote only here; the S3 credentials and the Ray token as files.
+    assert ("secretRef", "fleet-git") in sources and ("secretRef", "fleet-s3") not in sources
+    mounted = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert mounted == {"fleet-s3", "fleet-ray-token"}
     assert container["image"] == f"{IMAGE}:{PYPROJECT['project']['version']}"
     assert job["metadata"]["namespace"] == "fleet"
-    assert pod["serviceAccountName"] == "dagster"
+    assert pod["serviceAccountName"] == "fleet-workload" and pod["automountServiceAccountToken"] is False
     # The instance travels in the run's command (dagster-k8s mounts no instance file in run pods);
     # its PostgreSQL password from the Secret the launcher names.
     assert '"instance_ref"' in container["args"][-1]
@@ -321,16 +324,22 @@ def test_compute_logs_go_to_the_platforms_bucket_through_dagster_aws():
     extra = PYPROJECT["project"]["optional-dependencies"]["k8s"]
     k8s_pin = next(p for p in extra if p.startswith("dagster-k8s=="))
     assert f"dagster-aws=={k8s_pin.split('==')[1]}" in extra
-    # Whoever writes or shows the logs has the bucket's credentials.
-    assert {"name": "fleet-s3"} in VALUES["dagsterWebserver"]["envSecrets"]
-    assert {"name": "fleet-s3"} in VALUES["dagsterDaemon"]["envSecrets"]
+    # Whoever writes or shows the logs has the bucket's credentials file (botocore's
+    # AWS_SHARED_CREDENTIALS_FILE, the fleet-s3 Secret mounted there).
+    credentials = {"name": "AWS_SHARED_CREDENTIALS_FILE", "value": "/var/run/secrets/fleet/s3/credentials"}
+    s3_volume = {"name": "s3", "secret": {"secretName": "fleet-s3", "defaultMode": 0o440}}
+    s3_mount = {"name": "s3", "mountPath": "/var/run/secrets/fleet/s3", "readOnly": True}
+    for component in (VALUES["dagsterWebserver"], VALUES["dagsterDaemon"]):
+        assert credentials in component["env"] and s3_volume in component["volumes"]
+        assert s3_mount in component["volumeMounts"]
     for name in ("dagster-webserver", "dagster-daemon", "fleet-pipelines"):
         (deployment,) = [
             d for d in of_kind(load_docs(DAGSTER_DIR), "Deployment") if d["metadata"]["name"] == name
         ]
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        assert {"secretRef": {"name": "fleet-s3"}} in container["envFrom"], name
-    assert "fleet-s3" in INSTANCE["run_launcher"]["config"]["env_secrets"]
+        assert credentials in container["env"] and s3_mount in container["volumeMounts"], name
+    run = INSTANCE["run_launcher"]["config"]["run_k8s_config"]
+    assert credentials in run["container_config"]["env"] and s3_volume in run["pod_spec_config"]["volumes"]
 
 
 def test_the_instance_file_is_mounted_wherever_fleet_runs():

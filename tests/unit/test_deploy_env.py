@@ -27,8 +27,14 @@ from .deploy_objects import (
 )
 
 SOURCE = "\n".join(p.read_text() for p in (ROOT / "fleet_pipelines").rglob("*.py"))
-# Read by botocore (through s3fs) for s3:// storage and the model source, not by our code.
-S3 = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}
+# Read by botocore (through s3fs and dagster-aws) for s3:// storage, the model source and compute
+# logs, not by our code: the credentials as a file (the fleet-s3 Secret, mounted), the region.
+S3 = {"AWS_SHARED_CREDENTIALS_FILE", "AWS_REGION"}
+# Variables that name a file a Secret provides: (Secret, key).
+SECRET_FILES = {
+    "AWS_SHARED_CREDENTIALS_FILE": ("fleet-s3", "credentials"),
+    "RAY_AUTH_TOKEN_PATH": ("fleet-ray-token", "auth_token"),
+}
 # What each component reads without a usable default in a cluster.
 DAGSTER_CODE = {
     "FLEET_ENGINE_BACKEND",
@@ -45,8 +51,10 @@ DAGSTER_CODE = {
     "FLEET_PLANNING_START",
     "FLEET_EVAL_SCHEDULE",
     "DAGSTER_HOME",
+    "RAY_AUTH_TOKEN_PATH",
     *S3,
 }
+RUN_POD = DAGSTER_CODE | {"FLEET_GIT_TOKEN", "FLEET_PUSH_REMOTE"}
 RAY_WORKER = {"FLEET_LLM_BASE_URL", "FLEET_LLM_MODEL", "FLEET_LLM_API_KEY"}
 RAY_GPU_WORKER = RAY_WORKER | {"FLEET_VLLM_MODEL", "FLEET_VLLM_NUM_GPUS", "FLEET_VLLM_MAX_NUM_SEQS"}
 MODEL_PULL = {"FLEET_MODEL_SOURCE", "FLEET_VLLM_MODEL", *S3}
@@ -98,14 +106,14 @@ def routes() -> list[tuple[str, set[str], set[str]]]:
     user = VALUES["dagster-user-deployments"]["deployments"][0]
     user_env = from_sources(
         [r["name"] for r in user["envConfigMaps"]], [r["name"] for r in user["envSecrets"]]
-    )
+    ) | {e["name"] for e in user.get("env", [])}
     chart_run_env = container_env(chart_run_job(VALUES)["spec"]["template"]["spec"]["containers"][0])
     plain_run_env = container_env(instance_run_job()["spec"]["template"]["spec"]["containers"][0])
     instance_reads = instance_env_refs(INSTANCE)
     plain = plain_containers()
     return [
         ("helm: user-code deployment", user_env, DAGSTER_CODE),
-        ("helm: run pod", chart_run_env, DAGSTER_CODE),
+        ("helm: run pod", chart_run_env, RUN_POD),
         (
             "plain: user-code deployment",
             container_env(plain["Deployment/fleet-pipelines/fleet-pipelines"]),
@@ -114,14 +122,18 @@ def routes() -> list[tuple[str, set[str], set[str]]]:
         (
             "plain: run pod (postgres_password_secret sets DAGSTER_PG_PASSWORD)",
             plain_run_env,
-            DAGSTER_CODE | instance_reads,
+            RUN_POD | instance_reads,
         ),
         (
             "plain: webserver",
             container_env(plain["Deployment/dagster-webserver/dagster-webserver"]),
-            instance_reads,
+            instance_reads | S3,
         ),
-        ("plain: daemon", container_env(plain["Deployment/dagster-daemon/dagster-daemon"]), instance_reads),
+        (
+            "plain: daemon",
+            container_env(plain["Deployment/dagster-daemon/dagster-daemon"]),
+            instance_reads | S3,
+        ),
         ("plain: ray cpu worker", container_env(plain["RayCluster/cpu/ray-worker"]), RAY_WORKER),
         ("plain: ray gpu worker", container_env(plain["RayCluster/gpu/ray-worker"]), RAY_GPU_WORKER),
         ("plain: vllm model-pull", container_env(plain["Deployment/fleet-vllm/model-pull"]), MODEL_PULL),
@@ -131,7 +143,7 @@ def routes() -> list[tuple[str, set[str], set[str]]]:
 
 
 def test_the_names_needed_are_the_names_the_code_reads():
-    for name in DAGSTER_CODE | RAY_GPU_WORKER | MODEL_PULL | NATS_INIT:
+    for name in RUN_POD | RAY_GPU_WORKER | MODEL_PULL | NATS_INIT:
         assert name in S3 or f'"{name}"' in SOURCE, f"{name}: no code reads it"
     assert instance_env_refs(INSTANCE) == {
         "DAGSTER_PG_HOST",
@@ -144,3 +156,65 @@ def test_the_names_needed_are_the_names_the_code_reads():
 @pytest.mark.parametrize(("where", "present", "needed"), routes(), ids=[r[0] for r in routes()])
 def test_every_name_a_component_reads_is_set_on_its_route(where: str, present: set[str], needed: set[str]):
     assert needed - present == set()
+
+
+def secret_refs(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """Secret name -> how the container gets it ("env" or the mount path of its volume)."""
+    refs = {s["secretRef"]["name"]: "env" for s in container.get("envFrom", []) if "secretRef" in s}
+    for env in container.get("env", []):
+        if ref := env.get("valueFrom", {}).get("secretKeyRef"):
+            refs[ref["name"]] = "env"
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        if secret := volumes[mount["name"]].get("secret"):
+            refs[secret["secretName"]] = mount["mountPath"]
+    return refs
+
+
+def every_container() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    pods = [*workload_pods(load_docs(K8S)), *workload_pods(load_docs(DAGSTER_DIR))]
+    pods += [("helm/run", chart_run_job(VALUES)["spec"]["template"]["spec"])]
+    pods += [("plain/run", instance_run_job()["spec"]["template"]["spec"])]
+    return [(f"{owner}/{c['name']}", pod, c) for owner, pod in pods for c in containers(pod)]
+
+
+@pytest.mark.parametrize(
+    ("where", "pod", "container"), every_container(), ids=[w for w, _, _ in every_container()]
+)
+def test_a_secret_file_is_mounted_where_its_variable_points(
+    where: str, pod: dict[str, Any], container: dict[str, Any]
+):
+    """A variable naming a Secret's file has that Secret mounted there; a Secret mounted as files
+    is named by such a variable (no Secret is mounted where nothing reads it)."""
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    refs = secret_refs(pod, container)
+    documented = documented_secrets()
+    for variable, (secret, key) in SECRET_FILES.items():
+        if variable in env:
+            directory, _, name = env[variable].rpartition("/")
+            assert refs.get(secret) == directory and name == key and key in documented[secret], where
+    mounted = {secret for secret, how in refs.items() if how != "env"}
+    named = {SECRET_FILES[v][0] for v in env if v in SECRET_FILES}
+    assert mounted == named, where
+
+
+PROPOSAL_CODE_PODS = {
+    "plain/run/dagster",
+    "helm/run/dagster",
+    "RayCluster/cpu/ray-worker",
+    "RayCluster/gpu/ray-worker",
+}
+
+
+@pytest.mark.parametrize("where", sorted(PROPOSAL_CODE_PODS))
+def test_pods_that_run_proposal_code_hold_only_the_secrets_they_use(where: str):
+    """Run pods and Ray workers run proposal code (in the sandbox): each Secret they hold is one
+    whose keys their own code reads (or the file Ray reads for its token)."""
+    ((pod, container),) = [(p, c) for w, p, c in every_container() if w == where]
+    needed = RUN_POD | instance_env_refs(INSTANCE) if "run" in where else RAY_GPU_WORKER | {"RAY_AUTH_TOKEN"}
+    documented = documented_secrets() | {"dagster-postgresql-secret": {"DAGSTER_PG_PASSWORD"}}
+    documented["fleet-ray-token"] = {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"}
+    documented["fleet-s3"] = {"AWS_SHARED_CREDENTIALS_FILE"}
+    for secret in secret_refs(pod, container):
+        assert documented[secret] & needed, (where, secret)
+    assert "fleet-git" not in secret_refs(pod, container) or "run" in where

@@ -44,22 +44,55 @@ def pip_installs(lines: list[str]) -> list[str]:
     return [line for line in lines if " pip install " in f" {line} " and "--upgrade pip" not in line]
 
 
+def commands() -> list[list[str]]:
+    """Each command of the RUN instructions (`&&` chains split), as words."""
+    return [shlex.split(part) for command in run_instructions() for part in command.split("&&")]
+
+
 def image_installs() -> list[tuple[str, str]]:
     """(make target, EXTRAS) of each `make install ...` in the Dockerfile."""
     found = []
-    for command in run_instructions():
-        words = shlex.split(command)
+    for words in commands():
         if words[:1] == ["make"]:
             variables = dict(w.split("=", 1) for w in words[2:])
             found.append((words[1], variables["EXTRAS"]))
     return found
 
 
-def test_the_dockerfile_installs_python_packages_only_through_make_install():
-    assert not any("pip" in command for command in run_instructions())
+def test_the_dockerfile_installs_python_packages_only_from_the_hashed_locks_and_make_install():
+    """pip runs only on a lock, with every hash required and nothing resolved beyond it; the project
+    itself through `make install`, the recipe CI runs."""
+    pip_runs = [w for w in commands() if "pip" in w]
+    assert [w[w.index("-r") + 1] for w in pip_runs] == [
+        "deploy/requirements-cpu.lock",
+        "deploy/requirements-gpu.lock",
+    ]
+    for words in pip_runs:
+        assert {"--require-hashes", "--no-deps"} <= set(words)
     assert image_installs() == [("install", "k8s"), ("install", "k8s,vllm-gpu")]
     for _, extras in image_installs():
         assert set(extras.split(",")) <= set(PYPROJECT["project"]["optional-dependencies"])
+
+
+def lock_entries(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """Package -> (version, sha256 hashes) of a lock written by deploy/lock.py."""
+    joined = re.sub(r"\\\n\s*", " ", path.read_text())
+    found = {}
+    for line in joined.splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement, *options = line.split()
+            name, version = requirement.split("==")
+            found[canonicalize_name(name)] = (version, [o.removeprefix("--hash=sha256:") for o in options])
+    return found
+
+
+def test_the_cpu_lock_pins_exactly_the_constraints_with_hashes():
+    """deploy/requirements-cpu.lock is deploy/constraints.txt with the hashes of PyPI's files
+    (deploy/lock.py cpu); a changed pin without a new lock fails here."""
+    entries = lock_entries(ROOT / "deploy" / "requirements-cpu.lock")
+    assert {name: version for name, (version, _) in entries.items()} == constraint_pins()
+    for name, (_, digests) in entries.items():
+        assert digests and all(re.fullmatch(r"[0-9a-f]{64}", d) for d in digests), name
 
 
 def test_image_install_runs_the_same_recipe_as_make_test(tmp_path: Path):
@@ -168,7 +201,10 @@ def render_constraints() -> str:
 def test_both_images_install_under_one_constraints_file():
     (constraint,) = re.findall(r"PIP_CONSTRAINT=(\S+)", stages()["base"])
     assert constraint == "/opt/fleet/deploy/constraints.txt"
-    assert "COPY deploy/constraints.txt ./deploy/constraints.txt" in stages()["base"]
+    assert (
+        "COPY deploy/constraints.txt deploy/requirements-cpu.lock deploy/requirements-gpu.lock* ./deploy/"
+        in stages()["base"]
+    )
     pins = constraint_pins()
     (ray,) = [p for p in PYPROJECT["project"]["dependencies"] if p.startswith("ray[")]
     assert Requirement(ray).specifier.contains(pins["ray"])

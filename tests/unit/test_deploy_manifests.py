@@ -7,6 +7,7 @@ and with the code (names referenced exist, env names are read, no Secret is appl
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import re
 import shutil
@@ -52,11 +53,32 @@ def k8s_errors(doc: dict[str, Any], version: str) -> list[str]:
     return []
 
 
+def strict(schema: Any) -> Any:
+    """A structural schema as the API server applies it under strict field validation (kubectl's
+    default): a field the schema does not name is an error, except under
+    x-kubernetes-preserve-unknown-fields."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        open_ = schema.get("x-kubernetes-preserve-unknown-fields")
+        if "properties" in schema and "additionalProperties" not in schema and not open_:
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+@functools.cache
+def raycluster_validator() -> jsonschema.Draft202012Validator:
+    """The RayCluster CRD's schema of the pinned operator (tests/unit/schemas), strict."""
+    return jsonschema.Draft202012Validator(
+        strict(yaml.safe_load((SCHEMAS / "raycluster.schema.yaml").read_text()))
+    )
+
+
 def raycluster_errors(cluster: dict[str, Any], version: str = KUBERNETES_VERSIONS[0]) -> list[str]:
     """Every schema error of a RayCluster: its own fields, then each pod template's."""
-    schema = yaml.safe_load((SCHEMAS / "raycluster.schema.yaml").read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(cluster)]
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in raycluster_validator().iter_errors(cluster)]
     spec = cluster.get("spec", {})
     groups = [("head", spec.get("headGroupSpec", {}))] + [
         (g.get("groupName", "?"), g) for g in spec.get("workerGroupSpecs", [])
@@ -110,6 +132,9 @@ def test_validation_catches_typos():
     typo["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = 0  # must be a string
     assert raycluster_errors(typo)
     typo = copy.deepcopy(cluster)
+    typo["spec"]["authOptions"]["mode"] = "Token"  # the CRD's enum: disabled, token
+    assert any("authOptions" in e for e in raycluster_errors(typo))
+    typo = copy.deepcopy(cluster)
     typo["spec"]["autoscalerOptions"]["securityContex"] = typo["spec"]["autoscalerOptions"].pop(
         "securityContext"
     )
@@ -123,7 +148,19 @@ def test_kustomization_applies_every_manifest_and_no_secret(route: str):
     used = set(kustomization["resources"]) | {
         f for g in kustomization.get("configMapGenerator", []) for f in g["files"]
     }
-    assert used == {p.name for p in directory.iterdir() if p.name != "kustomization.yaml"}
+    # Folders of components (k8s/engine/{gpu,cpu}: one is chosen here; k8s/sandbox/seccomp-only:
+    # chosen by an overlay, deploy/kind): each applies all its files.
+    folders = {p.name for p in directory.iterdir() if p.is_dir()}
+    assert {c.split("/")[0] for c in kustomization.get("components", [])} <= folders
+    assert used | folders == {p.name for p in directory.iterdir() if p.name != "kustomization.yaml"}
+    for folder in folders:
+        for component in (directory / folder).iterdir():
+            own = yaml.safe_load((component / "kustomization.yaml").read_text())
+            assert own["kind"] == "Component"
+            assert set(own.get("resources", [])) == {p.name for p in component.iterdir()} - {
+                "kustomization.yaml"
+            }
+            assert not of_kind(load_docs(component), "Secret")
     assert not of_kind(load_docs(directory), "Secret")
 
 
@@ -167,7 +204,9 @@ def test_one_image_everywhere_gpu_variant_only_where_gpus_are_requested():
             for container in containers(pod):
                 if container["name"] in ("wait-gcs-ready", "autoscaler"):
                     continue  # added by the KubeRay operator, with the Ray container's image
-                repository, tag = container["image"].rsplit(":", 1)
+                repository, tag = container["image"].split("@")[0].rsplit(":", 1)
+                if owner == "DaemonSet/fleet-sandbox-profiles":
+                    continue  # the node installer's minimal images (test_deploy_images.py)
                 assert repository == IMAGE_REPOSITORY, owner
                 wants_gpu = "nvidia.com/gpu" in container.get("resources", {}).get("limits", {})
                 assert tag == (f"{version}-gpu" if wants_gpu else version), owner
@@ -208,6 +247,8 @@ def test_config_names_are_read_by_the_code():
     source = "\n".join(p.read_text() for p in (ROOT / "fleet_pipelines").rglob("*.py"))
     (config,) = [d for d in of_kind(load_docs(K8S), "ConfigMap") if d["metadata"]["name"] == "fleet-config"]
     for name in config["data"]:
+        if name in ("AWS_REGION", "AWS_ENDPOINT_URL_S3"):
+            continue  # read by botocore (s3fs, dagster-aws)
         assert f'"{name}"' in source, f"{name} is set in fleet-config but no code reads it"
     assert config["data"]["FLEET_ENGINE_BACKEND"] in {"openai", "vllm_actor"}
 
@@ -220,12 +261,14 @@ def test_the_model_reaches_vllm_through_each_pods_own_scratch_volume():
     model_dir = config["data"]["FLEET_VLLM_MODEL"]
     assert config["data"]["FLEET_MODEL_SOURCE"].startswith("s3://")
     pods = dict(workload_pods(load_docs(K8S)))
-    for owner in ("Deployment/fleet-vllm", "RayCluster/gpu"):
+    pods |= dict(workload_pods(load_docs(K8S / "engine" / "cpu")))
+    for owner in ("Deployment/fleet-vllm", "RayCluster/gpu", "Deployment/fleet-llamacpp"):
         pod = pods[owner]
         (pull,) = [c for c in pod["initContainers"] if c["name"] == "model-pull"]
         assert pull["command"] == ["fleet", "model", "pull"]
-        assert {s.get("secretRef", {}).get("name") for s in pull["envFrom"]} >= {"fleet-s3"}
-        (mount,) = pull["volumeMounts"]
+        # The S3 credentials file (test_deploy_env.py checks the mount behind the variable).
+        assert {e["name"] for e in pull["env"]} == {"AWS_SHARED_CREDENTIALS_FILE"}
+        (mount,) = [m for m in pull["volumeMounts"] if m["name"] == "models"]
         assert model_dir.startswith(mount["mountPath"] + "/") and not mount.get("readOnly")
         volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
         assert "emptyDir" in volume and "medium" not in volume["emptyDir"]
@@ -234,6 +277,9 @@ def test_the_model_reaches_vllm_through_each_pods_own_scratch_volume():
         assert "ephemeral-storage" in engine["resources"]["requests"]
     args = pods["Deployment/fleet-vllm"]["containers"][0]["args"]
     assert "--model=$(FLEET_VLLM_MODEL)" in args
+    # llama.cpp loads one GGUF file of that folder.
+    args = pods["Deployment/fleet-llamacpp"]["containers"][0]["args"]
+    assert f"--model-path={model_dir}/model.gguf" in args
 
 
 def test_nats_init_job_runs_fleet_nats_init_from_the_one_image():

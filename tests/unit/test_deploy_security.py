@@ -636,7 +636,7 @@ def test_pods_run_as_the_images_user():
 
 
 NODE = NODE_DIR
-PROFILES_LABEL = "fleet-pipelines.io/sandbox-profiles"
+PROFILES_LABEL = "fleet-pipelines.io/sandbox-node"
 
 
 @pytest.mark.parametrize("owner", sorted(SCORING_PODS))
@@ -644,7 +644,8 @@ def test_scoring_pods_give_the_sandbox_what_bubblewrap_needs(owner: str):
     """bwrap (unprivileged, user namespaces) needs a non-root uid (root without CAP_SETFCAP may not
     map uid 0) and seccomp/AppArmor profiles that let it create namespaces and mount; no capability.
     The pod is user-namespaced (its uids are unprivileged on the node) and its /proc stays masked.
-    Those profiles exist only on nodes the installer labelled, so the pod is placed there."""
+    Those profiles exist only on the sandbox nodes, where the installer runs, so the pod is placed
+    there."""
     (pod,) = [p for _, o, p in EVERY_POD if o == owner]
     assert pod.get("hostUsers") is False
     assert pod["securityContext"]["runAsUser"] != 0 and pod["securityContext"]["runAsNonRoot"]
@@ -655,19 +656,15 @@ def test_scoring_pods_give_the_sandbox_what_bubblewrap_needs(owner: str):
     assert main["appArmorProfile"] == {"type": "Localhost", "localhostProfile": "fleet-sandbox"}
     assert (NODE / main["seccompProfile"]["localhostProfile"]).is_file()
     assert (NODE / (main["appArmorProfile"]["localhostProfile"] + ".apparmor")).is_file()
-    assert pod["nodeSelector"] == {PROFILES_LABEL: installed_profiles_label_value()}
+    assert pod["nodeSelector"] == {PROFILES_LABEL: installer_node_label_value()}
 
 
-def installed_profiles_label_value() -> str:
-    """The value of the label the installer DaemonSet (deploy/node/) puts on its node once both
-    profiles are in place (its PROFILES_LABEL, key=value)."""
+def installer_node_label_value() -> str:
+    """The value of the sandbox-node label the installer DaemonSet (deploy/node/) selects: it
+    installs the profiles on exactly the nodes the scoring pods select."""
     (daemonset,) = [d for d in load_docs(NODE_DIR) if d["kind"] == "DaemonSet"]
-    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
-    (label,) = [e["value"] for e in container["env"] if e["name"] == "PROFILES_LABEL"]
-    assert "PROFILES_LABEL" in container["args"][0]
-    key, value = label.split("=")
-    assert key == PROFILES_LABEL
-    return value
+    selector = daemonset["spec"]["template"]["spec"]["nodeSelector"]
+    return selector[PROFILES_LABEL]
 
 
 def test_only_profile_bound_pods_name_a_localhost_profile_and_all_are_placed():
@@ -786,6 +783,8 @@ def test_the_sandbox_runs_under_the_seccomp_profile_as_the_pods_user(tmp_path: P
     done = as_the_scoring_pod(NODE / "fleet-sandbox.json")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("(True, 'bwrap"), done.stdout
+    # The evidence names the tier: this process's seccomp filter (the profile just loaded).
+    assert "seccomp filter')" in done.stdout, done.stdout
     # What the runtime's default profile refuses without CAP_SYS_ADMIN breaks it: the profile matters.
     default_like = tmp_path / "default-like.json"
     default_like.write_text(
@@ -803,3 +802,43 @@ def test_the_sandbox_runs_under_the_seccomp_profile_as_the_pods_user(tmp_path: P
     )
     refused = as_the_scoring_pod(default_like)
     assert refused.stdout.startswith("(False,"), refused.stdout
+
+
+def helm_merge(base: Any, overlay: Any) -> Any:
+    """Helm's coalescing of a later values file over an earlier one: maps merge key by key, a key
+    set to null is deleted, anything else replaces."""
+    if not (isinstance(base, dict) and isinstance(overlay, dict)):
+        return copy.deepcopy(overlay)
+    merged = copy.deepcopy(base)
+    for key, value in overlay.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = helm_merge(base.get(key), value)
+    return merged
+
+
+def test_the_seccomp_only_tier_keeps_every_other_setting_of_the_run_pods():
+    """On nodes without AppArmor (deploy/helm/sandbox-seccomp-only.yaml over the chart values):
+    the run pod loses only its AppArmor field; the seccomp profile, the user namespace and
+    `restricted` stay."""
+    from .deploy_objects import chart_run_job
+
+    overlay = yaml.safe_load((ROOT / "deploy" / "helm" / "sandbox-seccomp-only.yaml").read_text())
+    base_pod = chart_run_job(VALUES)["spec"]["template"]["spec"]
+    pod = chart_run_job(helm_merge(VALUES, overlay))["spec"]["template"]["spec"]
+    context = pod["containers"][0]["securityContext"]
+    assert "appArmorProfile" not in context
+    assert context["seccompProfile"] == {"type": "Localhost", "localhostProfile": "fleet-sandbox.json"}
+    expected = copy.deepcopy(base_pod)
+    del expected["containers"][0]["securityContext"]["appArmorProfile"]
+    for p in (expected, pod):  # the run id differs between two launches
+        p["containers"][0]["args"] = p["containers"][0]["env"] = None
+    assert pod == expected
+    for version in POLICY_VERSIONS:
+        assert (
+            violations(
+                chart_run_job(helm_merge(VALUES, overlay))["spec"]["template"]["spec"], "restricted", version
+            )
+            == {}
+        )
