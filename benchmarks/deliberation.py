@@ -23,7 +23,7 @@ import dagster as dg
 from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.dispatch.admission import execute_turn, make_engine
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import proposal_requests
 from fleet_pipelines.domain.models import Role, Task
 

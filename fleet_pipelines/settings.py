@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
-from .domain.council import CouncilSettings
+from .domain.councils import CouncilSettings
 from .events.options import ConnectOptions, StreamOptions
 from .history.options import RetentionOptions
 from .llm.local_server import MODEL_NAME

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..dispatch.ray_dispatch import AnyEngineSettings, DispatchSettings, RayTurnDispatcher
 from ..domain import evaluation as ev
-from ..domain.council import CouncilSettings, build_council
+from ..domain.councils import CouncilSettings, build_council
 from ..domain.deliberation import CodeChecker, current_versions, proposal_requests, review_rounds
 from ..domain.models import (
     MAX_EXAMPLES,

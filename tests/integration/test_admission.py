@@ -23,7 +23,7 @@ from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.dispatch.admission import NOT_STARTED
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import proposal_requests
 from fleet_pipelines.domain.models import Role, Task, TurnRequest, TurnStatus
 from fleet_pipelines.events.streams import streaming_subject

@@ -13,7 +13,7 @@ from pydantic import Field
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.assets.story import STORY_DECISIONS, story_context
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import review_rounds
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, TurnResult
 from fleet_pipelines.llm.engine import EngineSettings

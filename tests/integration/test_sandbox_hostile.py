@@ -1407,7 +1407,7 @@ _NO_SANDBOX_DOWNSTREAM = textwrap.dedent(
     import click
     from fleet_pipelines.assets.deliberation import winner_passes_checks
     from fleet_pipelines.cli.common import echo_decision
-    from fleet_pipelines.domain.council import CouncilSettings, build_council
+    from fleet_pipelines.domain.councils import CouncilSettings, build_council
     from fleet_pipelines.domain.decision import decide
     from fleet_pipelines.domain.models import Constraints, Role, Task, TaskExample
     from fleet_pipelines.domain.models import TurnKind, TurnResult, TurnStatus

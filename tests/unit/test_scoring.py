@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.decision import rank
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnResult
 from fleet_pipelines.domain.scoring import (
