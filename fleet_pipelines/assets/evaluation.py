@@ -18,7 +18,7 @@ from ..resources.turns import RayTurnRunner
 from .previews import table
 
 if TYPE_CHECKING:
-    from ..domain import evaluation as ev
+    from ..evaluation import arms as ev
     from ..evaluation.runner import EvaluationSettings
     from ..evaluation.suites import Split, Suite
 

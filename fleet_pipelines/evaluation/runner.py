@@ -19,7 +19,6 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..dispatch.ray_dispatch import AnyEngineSettings, DispatchSettings, RayTurnDispatcher
-from ..domain import evaluation as ev
 from ..domain.councils import CouncilSettings, build_council
 from ..domain.deliberation import CodeChecker, current_versions, proposal_requests, review_rounds
 from ..domain.models import (
@@ -36,6 +35,7 @@ from ..domain.scoring import CheckResult, ScoringWeights, score_proposal
 from ..sandbox import SandboxLimits, run_tests
 from ..scoring.checks import execution_checks
 from ..workspace.runs import RepoRunLimits
+from . import arms as ev
 
 # Tuned on the development split (HumanEval 0-39) only: asking for the whole function first made
 # SmolLM2-135M put a defining code block in 10/10 answers on problems 0-9.

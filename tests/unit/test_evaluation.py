@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_pipelines.domain import evaluation as ev
+from fleet_pipelines.evaluation import arms as ev
 from fleet_pipelines.evaluation.suites import get_suite, load_humaneval, sample_problems
 
 

@@ -265,7 +265,7 @@ LYING_VALUE = (
 
 
 def test_shadowed_builtins_and_lying_values_score_zero_and_rank_below_any_passing_candidate():
-    from fleet_pipelines.domain import evaluation as ev
+    from fleet_pipelines.evaluation import arms as ev
     from fleet_pipelines.sandbox import run_tests
     from fleet_pipelines.scoring.checks import tests_check
 
