@@ -12,7 +12,7 @@ import click
 from .common import dagster_home, echo_decision
 
 if TYPE_CHECKING:
-    from ..history.task_result import TaskResult
+    from ..history.status import TaskResult
     from ..settings import FleetSettings
 
 EXIT_RESULT = {
@@ -47,7 +47,7 @@ EXIT_WAIT_EXPIRED = 4
     help="a repository task: write only the winning patch (a unified diff) to stdout, e.g. > fix.diff",
 )
 def result(task_id: str, as_json: bool, wait: float, follow: bool, patch_only: bool) -> None:
-    from ..history.task_result import TERMINAL, stored_result
+    from ..history.status import TERMINAL, stored_result
     from ..settings import FleetSettings
 
     settings = FleetSettings.from_env()
@@ -99,7 +99,7 @@ def _quick_lookup(task_id: str, settings: FleetSettings) -> TaskResult | None:
     """A task that has not decided, answered from the instance's tables without loading Dagster
     (history/run_index.py); None when only Dagster can tell."""
     from ..history.run_index import RunIndexError, open_run_index
-    from ..history.task_result import undecided_result
+    from ..history.status import undecided_result
 
     try:
         index = open_run_index(dagster_home())
@@ -119,8 +119,8 @@ def _lookup(task_id: str, wait: float, follow: bool, settings: FleetSettings) ->
 
     from ..history.log import read_log
     from ..history.results import finished_turns, task_result
+    from ..history.status import TERMINAL, TaskStatus
     from ..history.stored import read_stored
-    from ..history.task_result import TERMINAL, TaskStatus
 
     dagster_home()
     find_in_stream = _stream_finder(settings)

@@ -21,7 +21,7 @@ import dagster as dg
 from ..domain.decision import Decision
 from ..names import DELIBERATION_JOB, DELIBERATION_PARTITIONS, PARTITION_TAG, TURN_LOG_PREFIX
 from .log import DECISION_KEY, day_of
-from .task_result import TaskResult, TaskStatus, from_decision, undecided_result
+from .status import TaskResult, TaskStatus, from_decision, undecided_result
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -22,8 +22,8 @@ from fleet_pipelines.cli import REPO_ROOT
 from fleet_pipelines.domain.models import Role, Task
 from fleet_pipelines.history.results import task_result
 from fleet_pipelines.history.run_index import RunIndexError, open_run_index
+from fleet_pipelines.history.status import undecided_result
 from fleet_pipelines.history.stored import dump_value, stored_path
-from fleet_pipelines.history.task_result import undecided_result
 from fleet_pipelines.names import (
     DECISION,
     DELIBERATION_JOB,

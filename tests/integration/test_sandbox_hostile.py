@@ -1412,7 +1412,7 @@ _NO_SANDBOX_DOWNSTREAM = textwrap.dedent(
     from fleet_pipelines.domain.models import Constraints, Role, Task, TaskExample
     from fleet_pipelines.domain.models import TurnKind, TurnResult, TurnStatus
     from fleet_pipelines.domain.scoring import ScoringWeights, score_proposal
-    from fleet_pipelines.history.task_result import from_decision
+    from fleet_pipelines.history.status import from_decision
     from fleet_pipelines.scoring.checks import execution_checks
     from fleet_pipelines.sandbox import SandboxLimits, isolation_available
 
