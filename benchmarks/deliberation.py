@@ -71,9 +71,10 @@ def main() -> None:
             "FLEET_MAX_TOKENS": str(args.max_tokens),
         }
     )
+    from fleet_pipelines import wiring
     from fleet_pipelines.settings import FleetSettings
 
-    resources = FleetSettings.from_env().resources()
+    resources = wiring.resources(FleetSettings.from_env())
     engine = resources["turn_runner"].engine.to_model()
     settings = CouncilSettings(max_tokens=args.max_tokens)
     task = Task(task_id="bench", description=DESCRIPTION, role=Role.DEV, num_agents=3, rounds=0)

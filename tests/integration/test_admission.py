@@ -180,10 +180,11 @@ import dagster as dg, ray
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, engine_queue, queue_name, code_version
 from fleet_pipelines.resources.ray_cluster import connect_ray
+from fleet_pipelines import wiring
 from fleet_pipelines.settings import FleetSettings
 
 task_id = sys.argv[1]
-resources = FleetSettings.from_env().resources()
+resources = wiring.resources(FleetSettings.from_env())
 config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 3, "rounds": 0}
 with dg.instance_for_test() as instance:
     result = materialize_deliberation(instance, resources, task_id, config)

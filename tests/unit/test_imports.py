@@ -26,7 +26,7 @@ LAYERS = [
     {"settings"},
     {"assets"},
     {"sensors", "schedules"},
-    {"definitions", "cli", "stack"},
+    {"definitions", "wiring", "cli", "stack"},
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
