@@ -9,7 +9,6 @@ import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import PydanticCustomError
 
 from ..domain.models import STORY_FIELDS, Role, Task, flat_form
 from ..names import TAG_CAUSATION, TAG_CORRELATION, TAG_EVENT_SEQ, TAG_PLAN, TAG_ROLE, TAG_STORY
@@ -194,13 +193,9 @@ def _planned_task(
         task_id = derived_task_id(
             plan_id, role if isinstance(role, str) and role in Role.__members__ else "", index
         )
-    try:
-        flat = flat_form(own)
-    except PydanticCustomError as exc:
-        raise InvalidEvent(f"{at}: {exc}") from exc
-    task = _task(task_id, {**flat, **story}, at)
-    config = {k: v for k, v in task.fields().items() if k in flat}
-    return task, {**config, **story}
+    task = _task(task_id, {**own, **story}, at)
+    given_fields = flat_form(own)  # the names the plan gave, in the flat form (valid: the task is)
+    return task, {**{k: v for k, v in task.fields().items() if k in given_fields}, **story}
 
 
 def _plan(message: StreamMessage) -> list[PlannedDeliberation]:

@@ -183,6 +183,11 @@ def test_a_planned_task_is_validated_once_as_the_task(monkeypatch):
         "story_id": "S",
         "plan_id": "P",
     }
+    plan["tasks"] = [
+        {"description": "d", "role": "DEV", "context": {"story_id": "S"}}
+    ]  # the run assembles it
+    with pytest.raises(InvalidEvent, match=re.escape("tasks.0.context: Extra inputs are not permitted")):
+        plan_deliberations(message(plan))
     plan["tasks"] = [{"description": "d", "role": "DEV", "story_title": "mine"}]
     with pytest.raises(
         InvalidEvent, match=re.escape("tasks.0.story_title: the plan's field, a task does not give its own")
