@@ -23,7 +23,7 @@ import dagster as dg
 from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.dispatch.admission import execute_turn, make_engine
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import proposal_requests
 from fleet_pipelines.domain.models import Role, Task
 
@@ -71,9 +71,10 @@ def main() -> None:
             "FLEET_MAX_TOKENS": str(args.max_tokens),
         }
     )
+    from fleet_pipelines import wiring
     from fleet_pipelines.settings import FleetSettings
 
-    resources = FleetSettings.from_env().resources()
+    resources = wiring.resources(FleetSettings.from_env())
     engine = resources["turn_runner"].engine.to_model()
     settings = CouncilSettings(max_tokens=args.max_tokens)
     task = Task(task_id="bench", description=DESCRIPTION, role=Role.DEV, num_agents=3, rounds=0)

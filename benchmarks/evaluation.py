@@ -24,7 +24,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from fleet_pipelines import stack
+from fleet_pipelines import stack, wiring
 from fleet_pipelines.assets.evaluation import evaluation
 from fleet_pipelines.settings import FleetSettings
 
@@ -70,7 +70,7 @@ def main() -> int:
         with dg.instance_for_test(temp_dir=tmp) as instance:
             result = dg.materialize(
                 [evaluation],
-                resources=FleetSettings.from_env().resources(),
+                resources=wiring.resources(FleetSettings.from_env()),
                 instance=instance,
                 partition_key=args.partition,
                 run_config={"ops": {"evaluation": {"config": config}}},

@@ -59,7 +59,7 @@ from fleet_pipelines import stack
 from fleet_pipelines.dispatch.admission import DEFAULT_SLOTS
 from fleet_pipelines.events.planning import single_task_plan
 from fleet_pipelines.events.streams import PLAN_APPROVED
-from fleet_pipelines.history.results import finished_turns
+from fleet_pipelines.history.status import finished_turns
 from fleet_pipelines.llm.engine import llama_cpp_slots
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.settings import FleetSettings

@@ -49,9 +49,10 @@ def main() -> None:
             "FLEET_MAX_TOKENS": str(args.max_tokens),
         }
     )
+    from fleet_pipelines import wiring
     from fleet_pipelines.settings import FleetSettings
 
-    resources = FleetSettings.from_env().resources()
+    resources = wiring.resources(FleetSettings.from_env())
     council = CouncilResource(max_tokens=args.max_tokens, repos=ReposConfig(root=str(tmp / "workspaces")))
     resources = {**resources, "council": council}
     rows = []

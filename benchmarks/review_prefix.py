@@ -25,7 +25,7 @@ from pathlib import Path
 from fleet_pipelines import stack
 from fleet_pipelines.dispatch.admission import EngineQueue
 from fleet_pipelines.domain import prompts
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import critique_requests, proposal_requests, revision_requests
 from fleet_pipelines.domain.models import Message, Role, Task, TurnKind, TurnRequest, TurnResult
 from fleet_pipelines.llm.engine import EngineSettings

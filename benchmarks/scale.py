@@ -348,9 +348,9 @@ def run_backend(backend: str, sizes: list[int], lookups_only: bool = False) -> d
         from fleet_pipelines.events.planning import single_task_plan
         from fleet_pipelines.events.streams import PLAN_APPROVED
         from fleet_pipelines.history.log import build_day, day_of, read_log
-        from fleet_pipelines.history.results import task_result
         from fleet_pipelines.history.retention import expire
-        from fleet_pipelines.history.stored import frame_path, read_stored
+        from fleet_pipelines.history.status import task_result
+        from fleet_pipelines.history.stored import frame_path
         from fleet_pipelines.names import DECISION_LOG, DELIBERATION_PARTITIONS
         from fleet_pipelines.resources.events import NatsResource
 
@@ -411,18 +411,12 @@ def run_backend(backend: str, sizes: list[int], lookups_only: bool = False) -> d
                 raise RuntimeError(f"the tick created {after - before} runs, expected {NEW_PLANS}")
             return elapsed
 
-        def load_decision(task_id: str):  # what `fleet result` loads (cli/result.py)
-            return read_stored(base, "decision", task_id)
-
-        def load_log_day(day: str):
-            return read_log(base, day)
-
         def no_stream(_task_id: str) -> int | None:
             return None
 
         def lookup(task_id: str, source: str) -> float:
             def once():
-                return task_result(instance, base, task_id, load_decision, load_log_day, no_stream)
+                return task_result(instance, base, task_id, no_stream)
 
             result = once()
             if result.source != source or result.status.value != "COMPLETED":

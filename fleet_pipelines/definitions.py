@@ -1,4 +1,4 @@
-"""The one Definitions object of the fleet_pipelines code location."""
+"""The one Definitions object of the fleet_pipelines code location (its resources: wiring.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from .schedules.evaluation import build_nightly_evaluation
 from .schedules.retention import build_history_schedules, retention_job
 from .sensors import build_event_sensors
 from .settings import FleetSettings
+from .wiring import resources
 
 settings = FleetSettings.from_env()
 deliberation_job = build_deliberation_job(settings.engine_id())
@@ -21,5 +22,5 @@ defs = dg.Definitions(
     jobs=[deliberation_job, evaluation_job, decision_log_job, retention_job],
     schedules=[build_nightly_evaluation(settings), *build_history_schedules(settings)],
     sensors=build_event_sensors(deliberation_job, settings),
-    resources=settings.resources(),
+    resources=resources(settings),
 )

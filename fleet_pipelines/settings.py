@@ -1,5 +1,6 @@
-"""The one settings object: every environment variable the platform reads, and the resources
-built from them. The seed system's variable names are accepted as aliases.
+"""The one settings object: every environment variable the platform reads, as values (the
+resources are built from them in wiring.py). The seed system's variable names are accepted as
+aliases.
 
 Light on purpose (pydantic only at import): the CLI reads it before deciding what else to import.
 """
@@ -9,22 +10,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
-from .domain.council import CouncilSettings
+from .domain.councils import CouncilSettings, engine_id
 from .events.options import ConnectOptions, StreamOptions
 from .history.options import RetentionOptions
 from .llm.local_server import MODEL_NAME
 from .llm.settings import EngineSettings, VLLMActorSettings
 from .stack_file import with_stack
-
-if TYPE_CHECKING:
-    from .events.options import ConnectOptions
-    from .resources.council import CouncilResource
-    from .resources.events import NatsResource
 
 DEFAULT_LLM_URL = "http://127.0.0.1:8080/v1"
 DEFAULT_TIMEOUT_SECONDS = 300.0
@@ -59,8 +55,8 @@ def _supplies(model: type[BaseModel], field: str, *env: str, **overrides: Any) -
 
 
 class FleetSettings(BaseModel):
-    """Everything configurable from the environment. `FleetSettings.from_env()` reads it once;
-    `resources()` builds every resource of the code location from it."""
+    """Everything configurable from the environment, as values. `FleetSettings.from_env()` reads
+    it once; `wiring.resources(settings)` builds every resource of the code location from it."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
@@ -230,94 +226,10 @@ class FleetSettings(BaseModel):
         limits runs per engine): the vLLM model of the engine actor, or the server's host:port."""
         if self.engine_backend == "vllm_actor":
             return f"vllm-actor:{Path(self.vllm_model or 'none').name}"
-        from .domain.councils import engine_id
-
         return engine_id(self.llm_base_url)
 
     def nats_options(self) -> ConnectOptions:
         """How to reach NATS, its secrets read from the environment now: for commands that talk
         to NATS without Dagster (the `nats` resource reads them through dg.EnvVar instead)."""
-        from .events.options import ConnectOptions
-
         secrets = {field: os.environ[var] for field, var in NATS_SECRETS if field in self.nats_secrets_set}
         return ConnectOptions(url=self.nats_url, **secrets)
-
-    def nats(self) -> NatsResource:
-        import dagster as dg
-
-        from .resources.events import NatsResource
-
-        secrets = {field: dg.EnvVar(var) for field, var in NATS_SECRETS if field in self.nats_secrets_set}
-        return NatsResource(
-            url=self.nats_url, stream_replicas=self.nats_stream_replicas, outbox_path=self.outbox, **secrets
-        )
-
-    def council(self, councils_file: str | None = None) -> CouncilResource:
-        """The council resource; `councils_file` in place of FLEET_COUNCILS_FILE's."""
-        from .resources.council import CouncilResource
-        from .resources.repos import ReposConfig
-
-        return CouncilResource(
-            max_tokens=self.max_tokens,
-            councils_file=councils_file or self.councils_file,
-            repos=ReposConfig(root=self.workspaces_dir, push_remote=self.push_remote),
-        )
-
-    def resources(self) -> dict[str, object]:
-        """Every resource of the code location."""
-        import dagster as dg
-
-        from .resources.config import EngineConfig, OpenAIEngineConfig, VLLMActorConfig
-        from .resources.history import HistoryResource
-        from .resources.io import DomainIOManager, ParquetIOManager
-        from .resources.ray_cluster import RayCluster
-        from .resources.turns import RayTurnRunner
-
-        vllm = None
-        if self.vllm_model:
-            given = {
-                "num_gpus": self.vllm_num_gpus,
-                "num_cpus": self.vllm_num_cpus,
-                "dtype": self.vllm_dtype,
-                "enforce_eager": self.vllm_enforce_eager,
-                "cpu_kvcache_space_gib": self.vllm_cpu_kvcache_gib,
-                "cache_root": self.vllm_cache_root,
-                "max_num_seqs": self.vllm_max_num_seqs,
-            }
-            vllm = VLLMActorConfig(
-                model=self.vllm_model,
-                served_model_name=self.llm_model,
-                **{k: v for k, v in given.items() if v is not None},
-            )
-        engine = EngineConfig(
-            backend=self.engine_backend,
-            openai=OpenAIEngineConfig(
-                base_url=self.llm_base_url,
-                model=self.llm_model,
-                api_key=dg.EnvVar(LLM_API_KEY) if self.llm_api_key_set else None,
-                slots=self.engine_slots,
-            ),
-            vllm_actor=vllm,
-        )
-        return {
-            # ray.init(address=None) joins the cluster named by RAY_ADDRESS (`make dev` starts a local
-            # head and sets it; KubeRay in production); without it Ray starts a private local instance.
-            "ray_cluster": (
-                ray := RayCluster(
-                    address=self.ray_address,
-                    auth_token_path=self.ray_auth_token_path,
-                    ray_init_options={"ignore_reinit_error": True, "log_to_driver": False},
-                )
-            ),
-            "turn_runner": RayTurnRunner(engine=engine, ray_cluster=ray),
-            "council": self.council(),
-            "io_manager": DomainIOManager(base_path=self.storage),
-            "frames_io_manager": ParquetIOManager(base_path=self.storage),
-            "history": HistoryResource(
-                base_path=self.storage,
-                max_age_seconds=self.retention_seconds,
-                workspaces_dir=self.workspaces_dir,
-            ),
-            # NATS_URL (+ NATS_TOKEN/USER/PASSWORD/CREDS/TLS_*): `make dev` starts one and sets it.
-            "nats": self.nats(),
-        }

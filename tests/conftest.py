@@ -16,7 +16,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from fleet_pipelines import stack
+from fleet_pipelines import stack, wiring
 from fleet_pipelines.settings import FleetSettings
 from fleet_pipelines.stack_file import ray_auth_env
 
@@ -130,7 +130,7 @@ def stack_env(llm_server: str, ray_head: str, tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("FLEET_LLM_BASE_URL", llm_server)
     monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
     monkeypatch.setenv("FLEET_MAX_TOKENS", os.environ.get("FLEET_TEST_MAX_TOKENS", "128"))
-    return FleetSettings.from_env().resources()
+    return wiring.resources(FleetSettings.from_env())
 
 
 @pytest.fixture

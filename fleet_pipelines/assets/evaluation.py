@@ -7,73 +7,17 @@ problems with the same model and council shape.
 """
 
 # No `from __future__ import annotations`: Dagster reads the asset's config annotation at import.
-from typing import TYPE_CHECKING, cast
-
 import dagster as dg
-from pydantic import Field
 
+from ..evaluation.config import EvaluationConfig
 from ..names import EVALUATION_GROUP, EVALUATION_JOB
 from ..resources.council import CouncilResource
 from ..resources.turns import RayTurnRunner
 from .previews import table
 
-if TYPE_CHECKING:
-    from ..domain import evaluation as ev
-    from ..evaluation.runner import EvaluationSettings
-    from ..evaluation.suites import Split, Suite
-
 DROP_CHECK = "no_drop_vs_previous_partition"
 
 evaluation_partitions = dg.DailyPartitionsDefinition(start_date="2025-01-01", end_offset=1)
-
-
-class EvaluationConfig(dg.Config):
-    """Which problems, and how each arm samples. Defaults: 10 dev problems, N=3, R=1."""
-
-    suite: str = Field(
-        default="humaneval",
-        description="Benchmark suite: humaneval, fleet or repos, or several comma-separated.",
-    )
-    split: str = Field(default="dev", description="dev (HumanEval 0-39, for tuning), test (the rest) or all.")
-    sample_size: int = Field(default=10, description="Problems drawn from the split (0: all of it).")
-    seed: int = Field(default=0, description="Seed of the sample: the same seed gives the same problems.")
-    problem_ids: list[str] = Field(
-        default_factory=list, description="Explicit problems (e.g. HumanEval/0); overrides the sample."
-    )
-    num_agents: int = Field(default=3, description="N: council size, proposals of arm C.")
-    rounds: int = Field(default=1, description="R: review rounds of arm D.")
-    temperature: float = Field(default=0.7, description="Baseline temperature of arms B, C, D.")
-    max_tokens: int = Field(default=256, description="Completion limit of every turn.")
-    max_samples_b: int = Field(default=32, description="Cap on arm B's samples per problem.")
-    problem_timeout_s: float = Field(default=900.0, description="Deadline of all turns of one problem.")
-    max_concurrent_problems: int = Field(default=2, description="Problems evaluated at once on Ray.")
-    bootstrap_resamples: int = Field(default=10_000, description="Bootstrap resamples over problems.")
-    drop_tolerance: float = Field(
-        default=0.05, description="The check flags a pass@1 fall larger than this (absolute)."
-    )
-
-    def run_settings(self, council: CouncilResource) -> "EvaluationSettings":
-        """How every arm samples, with the council's sandbox limits and scoring weights."""
-        from ..evaluation.runner import EvaluationSettings
-
-        limits = {"sandbox": council.sandbox.to_model(), "weights": council.weights.to_model()}
-        return EvaluationSettings(
-            **self.model_dump(include=EvaluationSettings.model_fields.keys() - limits), **limits
-        )
-
-    def problems(self) -> "tuple[Suite, list[ev.Problem]]":
-        """The suite and the problems it draws (explicit ids, or the seeded sample of the split)."""
-        from ..evaluation.suites import get_suite, sample_problems
-
-        suite = get_suite(self.suite)
-        if self.split not in ("dev", "test", "all"):
-            raise dg.Failure(description=f"split must be dev, test or all, not {self.split!r}")
-        problems = sample_problems(
-            suite, cast("Split", self.split), self.sample_size, self.seed, self.problem_ids
-        )
-        if not problems:
-            raise dg.Failure(description=f"no problems in {self.suite} split {self.split}")
-        return suite, problems
 
 
 @dg.asset(
@@ -103,7 +47,7 @@ def evaluation(
     )
     outcomes = run_problems(
         problems,
-        config.run_settings(council),
+        config.run_settings(council.sandbox.to_model(), council.weights.to_model()),
         engine,
         turn_runner.dispatch_settings(),
         config.max_concurrent_problems,

@@ -36,10 +36,11 @@ def _load(path: str | None) -> tuple[FleetSettings, str | None, CouncilsFile | N
 
 def _convened(settings: FleetSettings, path: str | None, role: Role) -> Convened:
     """The council a task of `role` gets (the default council size)."""
+    from .. import wiring
     from ..domain.models import Task
 
     task = Task(task_id=f"council-{role.value.lower()}", description="(the council shown)", role=role)
-    return settings.council(councils_file=path).convene(task)
+    return wiring.council(settings, councils_file=path).convene(task)
 
 
 def _sources(settings: FleetSettings, loaded: CouncilsFile | None, role: Role) -> dict[str, str]:

@@ -16,6 +16,7 @@ from .common import EXIT_USAGE, task_fields, task_options
 @click.option("--plan", help="plan id (default: plan-TASK_ID)")
 @click.option("--approved-by", default="fleet-cli", show_default=True)
 def deliberate(story: str, plan: str | None, approved_by: str, **options) -> None:
+    from .. import wiring
     from ..events.planning import InvalidEvent, StreamMessage, plan_deliberations, single_task_plan
     from ..events.streams import PLAN_APPROVED, PLANNING_STREAM, NatsError
     from ..settings import FleetSettings
@@ -40,7 +41,7 @@ def deliberate(story: str, plan: str | None, approved_by: str, **options) -> Non
         click.echo(f"fleet deliberate: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     try:
-        [(seq, _)] = FleetSettings.from_env().nats().publish([(PLAN_APPROVED, envelope)])
+        [(seq, _)] = wiring.nats(FleetSettings.from_env()).publish([(PLAN_APPROVED, envelope)])
     except NatsError as exc:
         click.echo(f"fleet deliberate: {exc}", err=True)
         sys.exit(1)

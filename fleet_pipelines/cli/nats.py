@@ -21,11 +21,12 @@ def nats() -> None:
 )
 @click.option("--dry-run", is_flag=True, help="show what init would do, change nothing")
 def init(dry_run: bool) -> None:
+    from .. import wiring
     from ..events.streams import NatsError, StreamAction, describe
     from ..settings import FleetSettings
 
     try:
-        plans = FleetSettings.from_env().nats().ensure_streams(dry_run=dry_run)
+        plans = wiring.nats(FleetSettings.from_env()).ensure_streams(dry_run=dry_run)
     except NatsError as exc:
         click.echo(f"fleet nats init: {exc}", err=True)
         sys.exit(1)
@@ -37,12 +38,13 @@ def init(dry_run: bool) -> None:
 @nats.command(help="List planning messages the sensor rejected, with reasons.")
 @click.option("--json", "as_json", is_flag=True, help="one dead-letter payload per line")
 def rejected(as_json: bool) -> None:
+    from .. import wiring
     from ..events.redrive import dead_letters
     from ..events.streams import NatsError
     from ..settings import FleetSettings
 
     try:
-        found = FleetSettings.from_env().nats().session(dead_letters)
+        found = wiring.nats(FleetSettings.from_env()).session(dead_letters)
     except NatsError as exc:
         click.echo(f"fleet nats rejected: {exc}", err=True)
         sys.exit(1)
@@ -60,13 +62,14 @@ def rejected(as_json: bool) -> None:
 )
 def redrive(seq: int, fixed: Path | None) -> None:
     """SEQ: its PLANNING_EVENTS sequence (see `fleet nats rejected`)."""
+    from .. import wiring
     from ..events.redrive import redrive as redrive_message
     from ..events.streams import NatsError
     from ..settings import FleetSettings
 
     body = fixed.read_bytes() if fixed else None
     try:
-        new_seq = FleetSettings.from_env().nats().session(lambda s: redrive_message(s, seq, body))
+        new_seq = wiring.nats(FleetSettings.from_env()).session(lambda s: redrive_message(s, seq, body))
     except (LookupError, ValueError) as exc:  # ValueError: a truncated original, or an InvalidEvent
         click.echo(f"fleet nats redrive: {exc}", err=True)
         sys.exit(EXIT_USAGE)

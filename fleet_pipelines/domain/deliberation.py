@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from . import prompts
-from .council import CouncilSettings
+from .councils import CouncilSettings
 from .models import AgentSpec, Task, TurnKind, TurnRequest, TurnResult, TurnStatus
 from .scoring import CheckResult
 

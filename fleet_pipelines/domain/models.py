@@ -262,6 +262,11 @@ class Task(BaseModel):
             raise ValidationError.from_exception_data(
                 cls.__name__, [{"type": exc, "loc": (), "input": dict(fields)}]
             ) from None
+        if assembled := [k for k in ASSEMBLED_FIELDS if k in fields]:  # the run assembles them
+            raise ValidationError.from_exception_data(
+                cls.__name__,
+                [{"type": "extra_forbidden", "loc": (k,), "input": fields[k]} for k in assembled],
+            )
         constraints = {k: v for k, v in fields.items() if k in CONSTRAINT_FIELDS}
         top = {k: v for k, v in fields.items() if k not in CONSTRAINT_FIELDS}
         return cls.model_validate({"task_id": task_id, **top, "constraints": constraints})

@@ -12,7 +12,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..domain import evaluation as ev
 from ..domain.models import Constraints, RepoSpec, Task, TurnResult
 from ..domain.scoring import ScoringWeights, score_proposal
 from ..domain.workspace import Workspace, extract_patch
@@ -21,6 +20,7 @@ from ..workspace.checks import patch_checker
 from ..workspace.prepare import prepare_workspace
 from ..workspace.runs import RepoRunLimits, score_patch
 from ..workspace.view import prompt_view
+from . import arms as ev
 from .repo_suite import REPO_CASES, create_repo
 
 REPO_RUBRIC = "The patch applies, fixes the failing test and breaks no other."

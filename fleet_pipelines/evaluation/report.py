@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import dagster as dg
 import pandas as pd
 
-from ..domain import evaluation as ev
+from . import arms as ev
 
 SUMMARY_COLUMNS = [
     "split",

@@ -16,11 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import ray
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..dispatch.ray_dispatch import AnyEngineSettings, DispatchSettings, RayTurnDispatcher
-from ..domain import evaluation as ev
-from ..domain.council import CouncilSettings, build_council
+from ..domain.councils import CouncilSettings, build_council
 from ..domain.deliberation import CodeChecker, current_versions, proposal_requests, review_rounds
 from ..domain.models import (
     MAX_EXAMPLES,
@@ -32,10 +30,12 @@ from ..domain.models import (
     TurnResult,
     TurnStatus,
 )
-from ..domain.scoring import CheckResult, ScoringWeights, score_proposal
+from ..domain.scoring import CheckResult, score_proposal
 from ..sandbox import SandboxLimits, run_tests
 from ..scoring.checks import execution_checks
 from ..workspace.runs import RepoRunLimits
+from . import arms as ev
+from .settings import EvaluationSettings
 
 # Tuned on the development split (HumanEval 0-39) only: asking for the whole function first made
 # SmolLM2-135M put a defining code block in 10/10 answers on problems 0-9.
@@ -44,21 +44,6 @@ TASK_INSTRUCTION = (
     "block.\n\n```python\n{prompt}```"
 )
 TASK_RUBRIC = "Correct on every valid input; the examples in the docstring hold."
-
-
-class EvaluationSettings(BaseModel):
-    """How every arm samples and how candidates are judged; the same for all problems of a run."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    num_agents: int = Field(ge=2, le=10, description="N: council size and proposals of arm C.")
-    rounds: int = Field(ge=0, le=3, description="R: review rounds of arm D.")
-    temperature: float = Field(ge=0, le=2, description="Council baseline temperature (arms B, C, D).")
-    max_tokens: int = Field(ge=16, description="Completion limit of every turn.")
-    max_samples_b: int = Field(ge=1, description="Cap on arm B's samples per problem.")
-    problem_timeout_s: float = Field(gt=0, description="Deadline for all turns of one problem.")
-    sandbox: SandboxLimits = Field(description="Limits of each sandbox run.")
-    weights: ScoringWeights = Field(description="Deliberation scoring weights (selector tie-break).")
 
 
 def problem_task(problem: ev.Problem, settings: EvaluationSettings) -> Task:

@@ -16,8 +16,8 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
-from ..domain.evaluation import Problem
 from ..domain.models import Role
+from .arms import Problem
 from .fleet_suite import FLEET_TASKS
 from .repo_suite import REPO_CASES
 

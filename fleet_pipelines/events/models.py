@@ -12,9 +12,9 @@ import json
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..domain.models import STORY_FIELDS, Requirement, Role, Task, TurnResult, flat_form, flat_task_fields
+from ..domain.models import Requirement, Role, Task, TurnResult
 
 SCHEMA_VERSION = 1
 PRODUCER = "fleet-pipelines"
@@ -65,26 +65,6 @@ class Publishable(Protocol):
     def encoded(self) -> bytes: ...
 
 
-def _flat_form(cls: type, data: Any) -> Any:
-    return flat_form(data) if isinstance(data, dict) else data
-
-
-PlannedTask = create_model(
-    "PlannedTask",
-    __config__=ConfigDict(extra="forbid"),
-    __doc__="An explicit task in a plan: the domain Task's flat form, or the old system's shape "
-    "(`constraints: {rubric, requirements, metadata, max_iterations, timeout_seconds}`); fields "
-    "left out take the defaults. An unknown field rejects the plan with its name, never dropped.",
-    __validators__={"flat_form": model_validator(mode="before")(classmethod(_flat_form))},
-    task_id=(
-        str | None,
-        Field(default=None, description="Partition key; derived from plan, role and position when absent."),
-    ),
-    # The plan's story fields are the task's: a task does not name its own.
-    **{name: spec for name, spec in flat_task_fields().items() if name not in STORY_FIELDS},
-)
-
-
 class PlanApproved(BaseModel):
     """`planning.plan.approved`: legacy flat form or the payload of an envelope."""
 
@@ -94,11 +74,16 @@ class PlanApproved(BaseModel):
     plan_id: str = Field(min_length=1, max_length=256, description="The approved plan.")
     approved_by: str = Field(max_length=256, description="Who approved it.")
     roles: list[Role] = Field(default_factory=list, max_length=len(Role), description="Councils to convene.")
-    tasks: list[PlannedTask] | None = Field(
+    tasks: list[dict[str, Any]] | None = Field(
         default=None,
         min_length=1,
         max_length=MAX_TASKS_PER_PLAN,
-        description="Explicit tasks; without them one task per role.",
+        description="Explicit tasks, without them one task per role. Each is the domain Task's flat "
+        "form with an optional `task_id` (derived from plan, role and position when absent), or the "
+        "old system's shape (`task_description`, `constraints: {rubric, requirements, metadata, "
+        "max_iterations, timeout_seconds}`); fields left out take the defaults, the plan's story "
+        "fields are the plan's to give. Validated once, as the Task (events/planning.py): an unknown "
+        "field rejects the plan with its name, never dropped.",
     )
     story_title: str | None = Task.model_fields["story_title"]
     story_description: str | None = Task.model_fields["story_description"]

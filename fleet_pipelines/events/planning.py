@@ -6,12 +6,13 @@ import base64
 import hashlib
 import json
 import re
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..domain.models import STORY_FIELDS, Task
+from ..domain.models import STORY_FIELDS, Role, Task, flat_form
 from ..names import TAG_CAUSATION, TAG_CORRELATION, TAG_EVENT_SEQ, TAG_PLAN, TAG_ROLE, TAG_STORY
-from .models import EventEnvelope, PlanApproved, PlannedTask, PlanningRejected, utc_now
+from .models import EventEnvelope, PlanApproved, PlanningRejected, utc_now
 from .streams import PLAN_APPROVED
 
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -79,11 +80,18 @@ def derived_task_id(plan_id: str, role: str, index: int | None = None) -> str:
     return f"{readable}-{digest}"
 
 
-def _reason(exc: ValidationError, prefix: str = "") -> str:
-    """Each error as `field.path: message (got value)`; values of containers are left out."""
+def _reason(exc: ValidationError, at: str = "", flat: bool = False) -> str:
+    """Each error as `path.field: message (got value)`, its path under `at` (e.g. `payload.tasks.0`);
+    values of containers are left out. `flat`: a Task's errors, its constraints named as in its
+    flat form (`rubric`, not `constraints.rubric`)."""
     parts = []
     for err in exc.errors():
-        where = prefix + (".".join(str(p) for p in err["loc"]) or "payload")
+        loc = (
+            err["loc"][1:]
+            if flat and err["loc"][:1] == ("constraints",) and len(err["loc"]) > 1
+            else err["loc"]
+        )
+        where = ".".join([at] * bool(at) + [str(p) for p in loc]) or "payload"
         value = err.get("input")
         got = "" if isinstance(value, dict | list) or "missing" in err["type"] else f" (got {value!r:.80})"
         parts.append(f"{where}: {err['msg']}{got}")
@@ -161,53 +169,76 @@ def plan_deliberations(message: StreamMessage) -> list[PlannedDeliberation]:
         raise InvalidEvent(f"cannot be read: {type(exc).__name__}: {exc}"[:DEAD_LETTER_REASON_CHARS]) from exc
 
 
+def _task(task_id: str, fields: dict[str, Any], at: str) -> Task:
+    """The one validation of a planned task: the domain Task from its flat fields (errors under `at`)."""
+    try:
+        return Task.from_fields(task_id, fields)
+    except ValidationError as exc:
+        raise InvalidEvent(_reason(exc, at, flat=True)) from exc
+
+
+def _planned_task(
+    plan_id: str, index: int, given: dict[str, Any], story: dict[str, Any], at: str
+) -> tuple[Task, dict[str, Any]]:
+    """An explicit task of a plan (its flat form or the old system's shape) as the Task and the
+    run's config: the fields the plan gave, in their flat form (a field it left out takes the code
+    location's default, the launchpad config's, e.g. the deadline of DELIBERATION_TIMEOUT)."""
+    own = {k: v for k, v in given.items() if k != "task_id"}
+    named = [k for k in STORY_FIELDS if k in own]
+    if named:
+        raise InvalidEvent(f"{at}.{named[0]}: the plan's field, a task does not give its own")
+    task_id = given.get("task_id")
+    if task_id is None:  # derived from the role the task names (a role no council has: the Task says so)
+        role = own.get("role")
+        task_id = derived_task_id(
+            plan_id, role if isinstance(role, str) and role in Role.__members__ else "", index
+        )
+    task = _task(task_id, {**own, **story}, at)
+    given_fields = flat_form(own)  # the names the plan gave, in the flat form (valid: the task is)
+    return task, {**{k: v for k, v in task.fields().items() if k in given_fields}, **story}
+
+
 def _plan(message: StreamMessage) -> list[PlannedDeliberation]:
     envelope, enveloped = _envelope(message)
     try:
         plan = PlanApproved.model_validate(envelope.payload)
     except ValidationError as exc:
-        raise InvalidEvent(_reason(exc, "payload." if enveloped else "")) from exc
+        raise InvalidEvent(_reason(exc, "payload" if enveloped else "")) from exc
     _identifier("story_id", plan.story_id)
     _identifier("plan_id", plan.plan_id)
 
+    story = plan.model_dump(mode="json", include=set(STORY_FIELDS), exclude_defaults=True)
+    story.update(story_id=plan.story_id, plan_id=plan.plan_id)
     if plan.tasks:
-        wanted = [
-            (
-                task.task_id or derived_task_id(plan.plan_id, task.role.value, i),
-                # What the plan gave: a field it left out takes the code location's default (the
-                # launchpad config's), e.g. the deadline of DELIBERATION_TIMEOUT.
-                task.model_dump(mode="json", exclude={"task_id"}, exclude_unset=True),
-            )
-            for i, task in enumerate(plan.tasks)
+        at = "payload." if enveloped else ""
+        tasks = [
+            _planned_task(plan.plan_id, i, given, story, f"{at}tasks.{i}")
+            for i, given in enumerate(plan.tasks)
         ]
     else:
         description = f"Implement plan {plan.plan_id} for story {plan.story_id}"
-        wanted = [
-            (derived_task_id(plan.plan_id, role.value), {"description": description, "role": role.value})
-            for role in dict.fromkeys(plan.roles)
-        ]
-
-    planned = []
-    for task_id, given in wanted:
-        story = plan.model_dump(mode="json", include=set(STORY_FIELDS), exclude_defaults=True)
-        fields = {**given, **story, "story_id": plan.story_id, "plan_id": plan.plan_id}  # the run's config
-        try:
-            task = Task.from_fields(task_id, fields)
-        except ValidationError as exc:
-            raise InvalidEvent(f"task {task_id!r}: {_reason(exc)}") from exc
-        planned.append(
-            PlannedDeliberation(
-                task_id=task_id,
-                run_key=run_key(envelope.idempotency_key, task_id),
-                task_config=fields,
-                role=task.role.value,
-                story_id=plan.story_id,
-                plan_id=plan.plan_id,
-                correlation_id=envelope.correlation_id,
-                idempotency_key=envelope.idempotency_key,
-                stream_seq=message.seq,
+        tasks = []
+        for role in dict.fromkeys(plan.roles):
+            task_id, fields = (
+                derived_task_id(plan.plan_id, role.value),
+                {"description": description, "role": role.value, **story},
             )
+            tasks.append((_task(task_id, fields, f"task {task_id}"), fields))
+
+    planned = [
+        PlannedDeliberation(
+            task_id=task.task_id,
+            run_key=run_key(envelope.idempotency_key, task.task_id),
+            task_config=config,
+            role=task.role.value,
+            story_id=plan.story_id,
+            plan_id=plan.plan_id,
+            correlation_id=envelope.correlation_id,
+            idempotency_key=envelope.idempotency_key,
+            stream_seq=message.seq,
         )
+        for task, config in tasks
+    ]
     if len({p.task_id for p in planned}) < len(planned):
         raise InvalidEvent("tasks: task ids repeat within the plan")
     return planned
@@ -273,7 +304,7 @@ def single_task_plan(
             plan_id=plan_id,
             approved_by=approved_by,
             roles=[task["role"]],
-            tasks=[PlannedTask(task_id=task_id, **task)],
+            tasks=[{"task_id": task_id, **task}],
             approved_at=utc_now(),
         ).model_dump(mode="json", exclude_none=True),
     )

@@ -12,8 +12,14 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from ..domain.council import CouncilSettings
-from ..domain.councils import Convened, CouncilsFile, CouncilsFileError, convene, parse_councils
+from ..domain.councils import (
+    Convened,
+    CouncilSettings,
+    CouncilsFile,
+    CouncilsFileError,
+    convene,
+    parse_councils,
+)
 from ..domain.models import Role, Task
 from ..names import TAG_ENGINE
 from .config import SandboxLimitsConfig, ScoringWeightsConfig, derived_model

@@ -23,7 +23,7 @@ from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.dispatch.admission import NOT_STARTED
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import proposal_requests
 from fleet_pipelines.domain.models import Role, Task, TurnRequest, TurnStatus
 from fleet_pipelines.events.streams import streaming_subject
@@ -180,10 +180,11 @@ import dagster as dg, ray
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, engine_queue, queue_name, code_version
 from fleet_pipelines.resources.ray_cluster import connect_ray
+from fleet_pipelines import wiring
 from fleet_pipelines.settings import FleetSettings
 
 task_id = sys.argv[1]
-resources = FleetSettings.from_env().resources()
+resources = wiring.resources(FleetSettings.from_env())
 config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 3, "rounds": 0}
 with dg.instance_for_test() as instance:
     result = materialize_deliberation(instance, resources, task_id, config)

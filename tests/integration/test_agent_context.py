@@ -13,7 +13,7 @@ from pydantic import Field
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.assets.story import STORY_DECISIONS, story_context
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import review_rounds
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, TurnResult
 from fleet_pipelines.llm.engine import EngineSettings
@@ -134,7 +134,7 @@ def _launched(log: Path) -> int:
 def test_a_councils_file_routes_each_roles_turns_to_its_engine(
     ray_head, dagster_instance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    from fleet_pipelines import stack
+    from fleet_pipelines import stack, wiring
     from fleet_pipelines.settings import FleetSettings
 
     servers, logs = {}, {}
@@ -155,7 +155,7 @@ def test_a_councils_file_routes_each_roles_turns_to_its_engine(
         monkeypatch.setenv("FLEET_COUNCILS_FILE", str(councils))
         monkeypatch.setenv("FLEET_LLM_BASE_URL", f"http://127.0.0.1:{stack.free_port()}/v1")  # nobody there
         monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
-        resources = FleetSettings.from_env().resources()
+        resources = wiring.resources(FleetSettings.from_env())
         fields = {"description": "Write add(a, b).", "num_agents": 2, "rounds": 0}
         counts = []
         for role in ("DEV", "QA"):

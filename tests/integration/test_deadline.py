@@ -9,7 +9,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from fleet_pipelines import stack
+from fleet_pipelines import stack, wiring
 from fleet_pipelines.assets.deliberation import (
     materialize_deliberation,
 )
@@ -38,7 +38,7 @@ def test_engine_stopped_after_the_proposals_gives_partial_within_the_deadline(
         monkeypatch.setenv("FLEET_LLM_BASE_URL", f"http://127.0.0.1:{port}/v1")
         monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
         monkeypatch.setenv("FLEET_MAX_TOKENS", "64")
-        resources = FleetSettings.from_env().resources()
+        resources = wiring.resources(FleetSettings.from_env())
         task_id = "deadline-engine-stopped"
         deadline_s = 120.0
         outcome: dict = {}
@@ -86,7 +86,7 @@ def test_a_deadline_hit_before_quorum_is_timeout_and_the_blocking_check_fails(
     stack_env, dagster_instance, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setenv("FLEET_MAX_TOKENS", "512")
-    resources = FleetSettings.from_env().resources()
+    resources = wiring.resources(FleetSettings.from_env())
     task_id = "deadline-too-short"
     result = materialize_deliberation(
         dagster_instance,

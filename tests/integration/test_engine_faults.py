@@ -15,7 +15,7 @@ import pytest
 
 from fleet_pipelines.dispatch.admission import execute_turn, make_engine
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import proposal_requests
 from fleet_pipelines.domain.models import Role, Task, TurnStatus
 from fleet_pipelines.llm.engine import EngineSettings

@@ -10,7 +10,7 @@ import dagster as dg
 import pytest
 
 from fleet_pipelines.assets.evaluation import DROP_CHECK, evaluation
-from fleet_pipelines.domain.evaluation import Arm
+from fleet_pipelines.evaluation.arms import Arm
 from fleet_pipelines.evaluation.report import fingerprint
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fleet_pipelines.domain import evaluation as ev
+from fleet_pipelines.evaluation import arms as ev
 from fleet_pipelines.evaluation.suites import load_fleet, load_humaneval
 from fleet_pipelines.sandbox import isolation_available, run_tests
 

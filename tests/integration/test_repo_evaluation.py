@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_pipelines.domain import evaluation as ev
 from fleet_pipelines.domain.models import Role, TurnKind, TurnResult, TurnStatus
 from fleet_pipelines.domain.scoring import ScoringWeights
+from fleet_pipelines.evaluation import arms as ev
 from fleet_pipelines.evaluation.repo_problems import RepoJudge, problem_workspace, repo_task
 from fleet_pipelines.evaluation.repo_suite import REPO_CASES
 from fleet_pipelines.evaluation.suites import get_suite, load_repos, sample_problems

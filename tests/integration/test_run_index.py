@@ -20,10 +20,9 @@ from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobO
 
 from fleet_pipelines.cli import REPO_ROOT
 from fleet_pipelines.domain.models import Role, Task
-from fleet_pipelines.history.results import task_result
 from fleet_pipelines.history.run_index import RunIndexError, open_run_index
+from fleet_pipelines.history.status import task_result, undecided_result
 from fleet_pipelines.history.stored import dump_value, stored_path
-from fleet_pipelines.history.task_result import undecided_result
 from fleet_pipelines.names import (
     DECISION,
     DELIBERATION_JOB,
@@ -143,7 +142,7 @@ def check_against_dagster(home: Path, storage: str) -> None:
         )
         assert (quick.status.value if quick else None) == QUICK[task_id], task_id
         if quick is not None:  # the full lookup answers the same
-            full = task_result(instance, storage, task_id, None, None, lambda _task_id: None)
+            full = task_result(instance, storage, task_id, lambda _task_id: None)
             assert full == quick
     running = undecided_result(storage, "t-running", (latest["t-running"], "STARTED"), True, lambda _: None)
     assert running is not None and running.detail.endswith("stored: deliberation_task")

@@ -1060,7 +1060,7 @@ HELPER_FORGERIES = {  # the issue's: the prompt's helper redefined so that any a
 
 
 def test_the_hidden_test_calls_the_prompts_helpers_never_the_solutions(box: Box):
-    from fleet_pipelines.domain import evaluation as ev
+    from fleet_pipelines.evaluation import arms as ev
 
     problems = [_humaneval(pid) for pid in HELPER_FORGERIES]
     runs = box.many(
@@ -1146,7 +1146,7 @@ OWN_FORGERIES = {  # ours, not in the issue: (solution, examples, tests, entry p
 
 
 def test_our_own_hostile_candidates_find_nothing(box: Box):
-    from fleet_pipelines.domain import evaluation as ev
+    from fleet_pipelines.evaluation import arms as ev
     from fleet_pipelines.scoring.checks import example_entry_points
 
     calls = []
@@ -1407,12 +1407,12 @@ _NO_SANDBOX_DOWNSTREAM = textwrap.dedent(
     import click
     from fleet_pipelines.assets.deliberation import winner_passes_checks
     from fleet_pipelines.cli.common import echo_decision
-    from fleet_pipelines.domain.council import CouncilSettings, build_council
+    from fleet_pipelines.domain.councils import CouncilSettings, build_council
     from fleet_pipelines.domain.decision import decide
     from fleet_pipelines.domain.models import Constraints, Role, Task, TaskExample
     from fleet_pipelines.domain.models import TurnKind, TurnResult, TurnStatus
     from fleet_pipelines.domain.scoring import ScoringWeights, score_proposal
-    from fleet_pipelines.history.task_result import from_decision
+    from fleet_pipelines.history.status import from_decision
     from fleet_pipelines.scoring.checks import execution_checks
     from fleet_pipelines.sandbox import SandboxLimits, isolation_available
 
@@ -1571,7 +1571,7 @@ def test_a_do_nothing_candidate_passes_no_humaneval_test_and_no_prompt_example(k
     """The reviewer's candidates: builtins of the tests shadowed, or every function returning a
     value whose operators lie. Against all 164 hidden tests: none passes; of the prompt examples
     only those an empty body (None) answers rightly anyway hold."""
-    from fleet_pipelines.domain import evaluation as ev
+    from fleet_pipelines.evaluation import arms as ev
     from fleet_pipelines.evaluation.suites import load_humaneval
 
     problems = load_humaneval()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_pipelines import stack
+from fleet_pipelines import stack, wiring
 from fleet_pipelines.assets.deliberation import (
     materialize_deliberation,
 )
@@ -67,7 +67,7 @@ def _stream_bodies(resource) -> list[bytes]:
 
 
 def test_secrets_stay_out_of_config_logs_and_events(secured_stack: Path, dagster_instance):
-    resources = FleetSettings.from_env().resources()
+    resources = wiring.resources(FleetSettings.from_env())
     # What the UI shows of the resources: EnvVar references, never values.
     shown = json.dumps(
         {k: v.model_dump() if hasattr(v, "model_dump") else repr(v) for k, v in resources.items()},

@@ -134,9 +134,10 @@ class TestOpenAIServer:
         monkeypatch.setenv("FLEET_LLM_MODEL", MODEL_NAME)
         monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
         monkeypatch.setenv("FLEET_MAX_TOKENS", str(MAX_TOKENS))
+        from fleet_pipelines import wiring
         from fleet_pipelines.settings import FleetSettings
 
-        resources = FleetSettings.from_env().resources()
+        resources = wiring.resources(FleetSettings.from_env())
         assert resources["turn_runner"].engine.backend == "openai"
         _assert_deliberation_completed(_deliberate(resources, dagster_instance, "vllm-server-add-1"))
 
@@ -168,9 +169,10 @@ class TestRayActor:
                 "FLEET_LLM_BASE_URL": f"http://127.0.0.1:{stack.free_port()}/v1",
             }.items():
                 mp.setenv(name, value)
+            from fleet_pipelines import wiring
             from fleet_pipelines.settings import FleetSettings
 
-            resources = FleetSettings.from_env().resources()
+            resources = wiring.resources(FleetSettings.from_env())
             ray.init(address=ray_head, ignore_reinit_error=True, log_to_driver=False)
             try:
                 yield resources

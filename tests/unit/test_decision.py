@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.decision import decide
 from fleet_pipelines.domain.models import DeliberationStatus, Role, TurnKind, TurnResult, TurnStatus
 from tests import factories

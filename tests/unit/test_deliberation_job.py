@@ -32,8 +32,8 @@ from fleet_pipelines.domain.scoring import ProposalScore
 from fleet_pipelines.events.outbound import turn_key
 from fleet_pipelines.events.planning import InvalidEvent, StreamMessage, plan_deliberations
 from fleet_pipelines.events.streams import DELIBERATION_FAILED, PLAN_APPROVED, PLANNING_STREAM, STREAMS
+from fleet_pipelines.history.status import stored_result
 from fleet_pipelines.history.stored import dump_value, read_stored, stored_path
-from fleet_pipelines.history.task_result import stored_result
 from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from fleet_pipelines.domain import prompts
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import current_versions, proposal_requests, review_rounds
 from fleet_pipelines.domain.models import Constraints, Message, Role, Task, TurnKind, TurnStatus
 from tests.scripted import ScriptedEngine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_pipelines.domain import evaluation as ev
+from fleet_pipelines.evaluation import arms as ev
 from fleet_pipelines.evaluation.suites import get_suite, load_humaneval, sample_problems
 
 
@@ -212,7 +212,7 @@ def test_progress_names_each_problem_and_arm_with_passes_tokens_and_time_left():
 def test_the_evaluation_config_draws_its_problems_and_refuses_an_unknown_split():
     import dagster as dg
 
-    from fleet_pipelines.assets.evaluation import EvaluationConfig
+    from fleet_pipelines.evaluation.config import EvaluationConfig
     from fleet_pipelines.resources.council import CouncilResource
 
     suite, problems = EvaluationConfig(problem_ids=["HumanEval/23", "HumanEval/2"]).problems()
@@ -221,5 +221,44 @@ def test_the_evaluation_config_draws_its_problems_and_refuses_an_unknown_split()
     assert len(sampled) == 3 and all(int(p.problem_id.split("/")[1]) < 40 for p in sampled)
     with pytest.raises(dg.Failure, match="split must be dev, test or all, not 'tests'"):
         EvaluationConfig(split="tests").problems()
-    settings = EvaluationConfig(num_agents=4, max_tokens=64).run_settings(CouncilResource())
+    council = CouncilResource()
+    settings = EvaluationConfig(num_agents=4, max_tokens=64).run_settings(
+        council.sandbox.to_model(), council.weights.to_model()
+    )
     assert (settings.num_agents, settings.max_tokens, settings.rounds) == (4, 64, 1)
+    assert settings.sandbox == council.sandbox.to_model()
+
+
+def test_the_evaluation_config_is_derived_from_its_settings_bounds_included():
+    """One declaration per field: the config's run settings are EvaluationSettings' fields with
+    their defaults, bounds and descriptions, and a value out of bounds is refused by the config."""
+    from pydantic import ValidationError
+
+    from fleet_pipelines.evaluation.config import EvaluationConfig
+    from fleet_pipelines.evaluation.settings import FROM_THE_COUNCIL, EvaluationSettings
+
+    derived = EvaluationSettings.model_fields.keys() - set(FROM_THE_COUNCIL)
+    assert derived == {
+        "num_agents",
+        "rounds",
+        "temperature",
+        "max_tokens",
+        "max_samples_b",
+        "problem_timeout_s",
+    }
+    for name in derived:
+        config, settings = EvaluationConfig.model_fields[name], EvaluationSettings.model_fields[name]
+        assert (config.default, config.description, config.metadata) == (
+            settings.default,
+            settings.description,
+            settings.metadata,
+        )
+    for bad in (
+        {"num_agents": 1},
+        {"rounds": 4},
+        {"temperature": 2.5},
+        {"max_tokens": 8},
+        {"problem_timeout_s": 0},
+    ):
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            EvaluationConfig(**bad)

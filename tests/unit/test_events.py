@@ -143,6 +143,58 @@ def test_explicit_tasks_give_one_deliberation_each_with_their_settings():
     assert planned.run_key == "k:t-1"
 
 
+def test_a_planned_task_is_validated_once_as_the_task(monkeypatch):
+    """Each task of a plan is validated once, by the domain Task (no second model of it), and the
+    run's config is what the plan gave, in the flat form; a task naming a plan field is refused."""
+    from fleet_pipelines.events import planning
+
+    validated: list[str] = []
+    from_fields = Task.from_fields
+
+    def counted(task_id, fields):
+        validated.append(task_id)
+        return from_fields(task_id, fields)
+
+    monkeypatch.setattr(planning.Task, "from_fields", counted)
+    plan = {
+        "story_id": "S",
+        "plan_id": "P",
+        "approved_by": "x",
+        "timestamp": "t",
+        "tasks": [
+            {"task_id": "t-1", "description": "d", "role": "DEV", "timeout_seconds": 60},
+            {"task_description": "e", "role": "QA", "constraints": {"rubric": "r", "requirements": ["q"]}},
+        ],
+    }
+    first, second = plan_deliberations(message(plan))
+    assert validated == [first.task_id, second.task_id] and first.task_id == "t-1"
+    assert first.task_config == {
+        "description": "d",
+        "role": "DEV",
+        "timeout_seconds": 60.0,
+        "story_id": "S",
+        "plan_id": "P",
+    }
+    assert second.task_config == {
+        "description": "e",
+        "role": "QA",
+        "rubric": "r",
+        "requirements": ["q"],
+        "story_id": "S",
+        "plan_id": "P",
+    }
+    plan["tasks"] = [
+        {"description": "d", "role": "DEV", "context": {"story_id": "S"}}
+    ]  # the run assembles it
+    with pytest.raises(InvalidEvent, match=re.escape("tasks.0.context: Extra inputs are not permitted")):
+        plan_deliberations(message(plan))
+    plan["tasks"] = [{"description": "d", "role": "DEV", "story_title": "mine"}]
+    with pytest.raises(
+        InvalidEvent, match=re.escape("tasks.0.story_title: the plan's field, a task does not give its own")
+    ):
+        plan_deliberations(message(plan))
+
+
 def test_derived_task_ids_are_stable_valid_and_distinct():
     odd = "P/42 é" * 40
     ids = {derived_task_id(odd, "DEV"), derived_task_id(odd, "QA"), derived_task_id(odd, "DEV", 1)}
@@ -187,7 +239,7 @@ def test_derived_task_ids_are_stable_valid_and_distinct():
                 "timestamp": "t",
                 "tasks": [{"task_id": "bad id!", "description": "d", "role": "DEV"}],
             },
-            "task 'bad id!': task_id",
+            "tasks.0.task_id: String should match pattern",
         ),
         (
             {

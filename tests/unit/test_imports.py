@@ -2,9 +2,9 @@
 under TYPE_CHECKING): no module depends on itself through others, and no layer imports one above it.
 
 Layers, bottom up: names; the pure domain; the adapters (engines, the sandbox, scoring, events, history,
-Dagster's private APIs, the running local stack's record); dispatch; evaluation; resources;
-settings (which builds the resources); assets; sensors and schedules; and the entry points
-(definitions, the CLI, the local stack).
+Dagster's private APIs, the running local stack's record); dispatch; resources; evaluation (its config
+derives from the resources' nested configs); settings (which builds the resources); assets; sensors and
+schedules; and the entry points (definitions, the CLI, the local stack).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ LAYERS = [
     {"domain"},
     {"llm", "sandbox", "scoring", "events", "history", "dagster_private", "stack_file"},
     {"dispatch", "workspace"},
-    {"evaluation"},
     {"resources"},
+    {"evaluation"},
     {"settings"},
     {"assets"},
     {"sensors", "schedules"},
-    {"definitions", "cli", "stack"},
+    {"definitions", "wiring", "cli", "stack"},
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
@@ -126,3 +126,33 @@ def test_the_walk_sees_a_cycle_and_an_upward_import():
     assert "fleet_pipelines.names" in edges and layer("fleet_pipelines.assets.story") > layer(
         "fleet_pipelines.history.log"
     )
+
+
+FRAMEWORKS = {"dagster", "ray", "nats", "openai", "httpx", "aiohttp", "requests", "vllm", "pandas"}
+PURE = ("fleet_pipelines.domain", "fleet_pipelines.evaluation.arms")
+"""Pure logic (docs/design.md, Layout): no framework, engine client or I/O library, and of the
+package only other pure modules and names."""
+
+
+def outside_imports(path: Path) -> set[str]:
+    """The top-level names of what `path` imports from outside the package."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_pure_modules_import_no_framework_and_nothing_impure():
+    edges, found = graph(), modules()
+    pure = {m for m in found if m.startswith(PURE)}
+    assert "fleet_pipelines.evaluation.arms" in pure and "fleet_pipelines.domain.councils" in pure
+    impure = sorted(
+        f"{m} -> {target}"
+        for m in pure
+        for target in edges[m] | (outside_imports(found[m]) & FRAMEWORKS)
+        if target in FRAMEWORKS or (target not in pure and target != "fleet_pipelines.names")
+    )
+    assert not impure, "pure modules importing frameworks or impure modules: " + "; ".join(impure)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
+from fleet_pipelines import wiring
 from fleet_pipelines.history.options import DEFAULT_RETENTION_SECONDS
 from fleet_pipelines.settings import FleetSettings
 
@@ -12,7 +13,7 @@ from fleet_pipelines.settings import FleetSettings
 def test_default_is_fourteen_days():
     settings = FleetSettings.from_env({})
     assert settings.retention_seconds == DEFAULT_RETENTION_SECONDS == 14 * 24 * 3600
-    assert settings.resources()["history"].max_age_seconds == DEFAULT_RETENTION_SECONDS
+    assert wiring.resources(settings)["history"].max_age_seconds == DEFAULT_RETENTION_SECONDS
 
 
 def test_seed_alias_is_read():
@@ -31,5 +32,5 @@ def test_a_bad_age_is_refused_with_the_variable_named(value: str):
 
 
 def test_the_history_resource_writes_where_the_io_managers_write():
-    resources = FleetSettings.from_env({"FLEET_STORAGE_PATH": "s3://bucket/fleet"}).resources()
+    resources = wiring.resources(FleetSettings.from_env({"FLEET_STORAGE_PATH": "s3://bucket/fleet"}))
     assert resources["history"].base_path == resources["io_manager"].base_path == "s3://bucket/fleet"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
-from fleet_pipelines.domain.council import CouncilSettings, build_council
+from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.decision import rank
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnResult
 from fleet_pipelines.domain.scoring import (
@@ -265,7 +265,7 @@ LYING_VALUE = (
 
 
 def test_shadowed_builtins_and_lying_values_score_zero_and_rank_below_any_passing_candidate():
-    from fleet_pipelines.domain import evaluation as ev
+    from fleet_pipelines.evaluation import arms as ev
     from fleet_pipelines.sandbox import run_tests
     from fleet_pipelines.scoring.checks import tests_check
 

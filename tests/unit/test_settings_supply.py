@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from fleet_pipelines.domain.council import CouncilSettings
+from fleet_pipelines.domain.councils import CouncilSettings
 from fleet_pipelines.events.options import ConnectOptions
 from fleet_pipelines.llm.settings import EngineSettings, VLLMActorSettings
 from fleet_pipelines.settings import FleetSettings

@@ -27,8 +27,8 @@ from enum import StrEnum
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from .models import Role, TurnResult
-from .scoring import extract_code_blocks
+from ..domain.models import Role, TurnResult
+from ..domain.scoring import extract_code_blocks
 
 _PYTHON_LANGS = frozenset({"", "python", "py", "python3"})
 

@@ -1,0 +1,92 @@
+"""The resources of the code location, built from the settings' values: the one place a resource
+is added (definitions.py takes them all; the CLI builds the one it needs). FleetSettings
+(settings.py) reads the environment and holds values; it builds nothing."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from .resources.config import EngineConfig, OpenAIEngineConfig, VLLMActorConfig
+from .resources.council import CouncilResource
+from .resources.events import NatsResource
+from .resources.history import HistoryResource
+from .resources.io import DomainIOManager, ParquetIOManager
+from .resources.ray_cluster import RayCluster
+from .resources.repos import ReposConfig
+from .resources.turns import RayTurnRunner
+from .settings import LLM_API_KEY, NATS_SECRETS, FleetSettings
+
+
+def resources(settings: FleetSettings) -> dict[str, object]:
+    """Every resource of the code location."""
+    # ray.init(address=None) joins the cluster named by RAY_ADDRESS (`make dev` starts a local
+    # head and sets it; KubeRay in production); without it Ray starts a private local instance.
+    ray = RayCluster(
+        address=settings.ray_address,
+        auth_token_path=settings.ray_auth_token_path,
+        ray_init_options={"ignore_reinit_error": True, "log_to_driver": False},
+    )
+    return {
+        "ray_cluster": ray,
+        "turn_runner": RayTurnRunner(engine=engine(settings), ray_cluster=ray),
+        "council": council(settings),
+        "io_manager": DomainIOManager(base_path=settings.storage),
+        "frames_io_manager": ParquetIOManager(base_path=settings.storage),
+        "history": HistoryResource(
+            base_path=settings.storage,
+            max_age_seconds=settings.retention_seconds,
+            workspaces_dir=settings.workspaces_dir,
+        ),
+        # NATS_URL (+ NATS_TOKEN/USER/PASSWORD/CREDS/TLS_*): `make dev` starts one and sets it.
+        "nats": nats(settings),
+    }
+
+
+def engine(settings: FleetSettings) -> EngineConfig:
+    """The engine agent turns call; its API key read through dg.EnvVar, never a value."""
+    vllm = None
+    if settings.vllm_model:
+        given = {
+            "num_gpus": settings.vllm_num_gpus,
+            "num_cpus": settings.vllm_num_cpus,
+            "dtype": settings.vllm_dtype,
+            "enforce_eager": settings.vllm_enforce_eager,
+            "cpu_kvcache_space_gib": settings.vllm_cpu_kvcache_gib,
+            "cache_root": settings.vllm_cache_root,
+            "max_num_seqs": settings.vllm_max_num_seqs,
+        }
+        vllm = VLLMActorConfig(
+            model=settings.vllm_model,
+            served_model_name=settings.llm_model,
+            **{k: v for k, v in given.items() if v is not None},
+        )
+    return EngineConfig(
+        backend=settings.engine_backend,
+        openai=OpenAIEngineConfig(
+            base_url=settings.llm_base_url,
+            model=settings.llm_model,
+            api_key=dg.EnvVar(LLM_API_KEY) if settings.llm_api_key_set else None,
+            slots=settings.engine_slots,
+        ),
+        vllm_actor=vllm,
+    )
+
+
+def nats(settings: FleetSettings) -> NatsResource:
+    """The NATS resource; its secrets read through dg.EnvVar, so they stay out of run config."""
+    secrets = {field: dg.EnvVar(var) for field, var in NATS_SECRETS if field in settings.nats_secrets_set}
+    return NatsResource(
+        url=settings.nats_url,
+        stream_replicas=settings.nats_stream_replicas,
+        outbox_path=settings.outbox,
+        **secrets,
+    )
+
+
+def council(settings: FleetSettings, councils_file: str | None = None) -> CouncilResource:
+    """The council resource; `councils_file` in place of FLEET_COUNCILS_FILE's."""
+    return CouncilResource(
+        max_tokens=settings.max_tokens,
+        councils_file=councils_file or settings.councils_file,
+        repos=ReposConfig(root=settings.workspaces_dir, push_remote=settings.push_remote),
+    )
