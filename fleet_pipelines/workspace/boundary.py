@@ -327,6 +327,8 @@ def run_session(session, result_fd):
         _emit(result_fd, {"harness_error": f"{type(exc).__name__}: {exc}"[:1500]})
         code = 70
     _emit(result_fd, {"done": True, "exit": code})
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
     os._exit(0)
 
 

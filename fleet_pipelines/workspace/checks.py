@@ -48,9 +48,17 @@ def _tests_value(evidence: PatchEvidence) -> tuple[float, str, bool]:
 
 
 def patch_checks(workspace: Workspace, task: Task, text: str, limits: RepoRunLimits) -> list[CheckResult]:
-    """patch_applies, tests, lint for the patch in `text`, run in a fresh sandboxed copy."""
+    """patch_applies, tests, patch_scope, lint for the patch in `text`, run in a fresh sandboxed copy."""
     patch = extract_patch(text)
-    evidence = score_patch(workspace, patch, task.constraints.tests, limits)
+    return evidence_checks(
+        workspace, task, bool(patch), score_patch(workspace, patch, task.constraints.tests, limits)
+    )
+
+
+def evidence_checks(
+    workspace: Workspace, task: Task, has_patch: bool, evidence: PatchEvidence
+) -> list[CheckResult]:
+    """The checks a scored patch's evidence gives."""
     took = f"{evidence.sandbox_s:.2f} s"
     ran = (
         f"sandbox: git apply --check; the base commit's tests ({workspace.test_command}) and the hidden "
@@ -70,7 +78,7 @@ def patch_checks(workspace: Workspace, task: Task, text: str, limits: RepoRunLim
             if evidence.applies
             else "does not apply: " + (evidence.apply_output.strip().splitlines() or ["no diff"])[-1]
         ),
-        ran="git apply --check" if patch else "",
+        ran="git apply --check" if has_patch else "",
         output=evidence.apply_output[:_EXCERPT],
     )
     if not evidence.applies:

@@ -187,14 +187,15 @@ def counted_evidence(modes: dict[str, str], session: dict, ran: str, timeout_s: 
     reported passing; skipped, error, deselected and not reported count as failed, so do tests
     that cannot cross; tests the plan does not hold are not counted."""
     results = session.get("results", {})
+    errors = session.get("collect_errors") or []
+    collect_error = f"collecting {errors[0][0] or 'the tests'} failed:\n{errors[0][1]}" if errors else ""
     passed = failed = 0
     failing: list[str] = []
     first = ""
     cannot = [i for i, mode in modes.items() if mode == "cannot_cross"]
     for test_id, mode in modes.items():
         got = results.get(test_id)
-        outcome = got["outcome"] if got else "not reported"
-        if mode == "boundary" and outcome == "passed":
+        if mode == "boundary" and got and got["outcome"] == "passed":
             passed += 1
             continue
         failed += 1
@@ -203,10 +204,8 @@ def counted_evidence(modes: dict[str, str], session: dict, ran: str, timeout_s: 
         if len(failing) < 50:
             failing.append(test_id)
         if not first:
-            first = f"{test_id}: {outcome}\n{got['detail'] if got else ''}".strip()
-    if not first and session.get("collect_errors"):
-        where, detail = session["collect_errors"][0]
-        first = f"collecting {where or 'the tests'} failed:\n{detail}"
+            detail = got["detail"] if got else collect_error
+            first = f"{test_id}: {got['outcome'] if got else 'not reported'}\n{detail}".strip()
     if session.get("timeout"):
         status, first = "timeout", first or f"timed out after {timeout_s:g} s"
     elif not session.get("done") or session.get("harness_error"):

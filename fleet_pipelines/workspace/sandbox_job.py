@@ -1,12 +1,19 @@
 """The program a repository run executes inside the sandbox (as its main.py), standard library only.
 
-It reads `job.json` from the work dir, copies the read-only workspace (/mnt/repo) to /work/repo
-and then, as the job asks: applies a patch with `git apply --check` then `git apply` (no
-repository, no configuration: no hook or filter can run), runs the test command, ruff on the
-changed Python files, the hidden tests (with their own pytest configuration and no conftest),
-or one agent tool (list, read, search). Each command runs as a child with its own pipes and a
-time limit; this process is non-dumpable, so no child can reach its stdout. The report is the
-last line of stdout, after REPORT_MARK.
+It reads `job.json` from the work dir and deletes it (the hidden tests stay in this process's
+memory), copies the read-only workspace (/mnt/repo) to /work/repo and then, as the job asks:
+applies a patch with `git apply --check` then `git apply` (no repository, no configuration: no
+hook or filter can run), runs the counted test sessions across the boundary (`boundary.py`: the
+base commit's tests with the test command's arguments, then the hidden tests; first on the
+unpatched copy when the job asks for the plan), the test command in process when it is not
+pytest (forgeable: the host says so), ruff on the changed Python files, or one agent tool (list,
+read, search, the test command).
+
+Nothing outlives a command: this process is the sandbox's child subreaper, and before each
+command it kills every other process of the sandbox, wipes what the last one left in the work dir
+and /dev/shm, and rebuilds the copy when anything in it changed (`Job.fresh`). Each command runs
+as a child with its own pipes and a time limit; this process is non-dumpable, so no child can
+reach its stdout. The report is the last line of stdout, after REPORT_MARK.
 """
 
 import contextlib
@@ -37,8 +44,8 @@ def excerpt(text, limit=EXCERPT):
     return text[: limit // 3] + "\n...\n" + text[-(2 * limit) // 3 :]
 
 
-def environment(job, extra_path=()):
-    paths = [p for p in (*extra_path, "/mnt/env") if os.path.isdir(p)]
+def environment(job):
+    """The environment of every command: the dependency environment importable, nothing else."""
     return {
         "PATH": "/work/.bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": WORK,
@@ -46,11 +53,26 @@ def environment(job, extra_path=()):
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # no plugin of the patch's (dist-info entry points)
-        "PYTHONPATH": ":".join(paths),
+        "PYTHONPATH": ":".join(p for p in ("/mnt/env",) if os.path.isdir(p)),
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_CEILING_DIRECTORIES": WORK,
     }
+
+
+def in_process_environment(job, cwd):
+    """The environment of a command that runs the repository in process (the test command, as
+    the baseline and the agents' run_tests tool run it): the repository importable after the
+    standard library and the environment (a sitecustomize of ours appends it; PYTHONSAFEPATH:
+    no working directory ahead of the standard library), never ahead of them."""
+    boot = "/work/.fleet/boot"
+    os.makedirs(boot, exist_ok=True)
+    with open(f"{boot}/sitecustomize.py", "w") as f:
+        f.write(f"import sys\nsys.path.extend({[cwd, os.path.join(cwd, 'src')]!r})\n")
+    env = environment(job)
+    env["PYTHONPATH"] = ":".join([boot, *filter(None, [env["PYTHONPATH"]])])
+    env["PYTHONSAFEPATH"] = "1"
+    return env
 
 
 def run(argv, cwd, env, timeout_s):
@@ -96,7 +118,7 @@ def tests(argv, cwd, env, timeout_s, report_file, ran, require_report=False):
     test is an error whatever its exit status (code under test that ends the process early, e.g.
     `os._exit(0)` on import, would otherwise pass)."""
     env = dict(env)
-    env["PYTEST_ADDOPTS"] = f"-p no:cacheprovider --junitxml={report_file}"
+    env["PYTEST_ADDOPTS"] = f"-p no:cacheprovider --import-mode=append --junitxml={report_file}"
     if os.path.exists(report_file):
         os.unlink(report_file)
     code, out, duration = run(argv, cwd, env, timeout_s)
@@ -494,7 +516,7 @@ def main():
         report["tests"] = tests(
             shlex.split(job["test_command"]),
             cwd,
-            environment(job, [cwd, os.path.join(cwd, "src")]),
+            in_process_environment(job, cwd),
             job["timeout_s"],
             "/work/.fleet/visible.xml",
             f"{job['test_command']} (in {job.get('subdir') or '.'})",
