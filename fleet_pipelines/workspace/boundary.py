@@ -45,14 +45,19 @@ def load_wire(path):
 # --- the code process ---
 
 
-def builtin_base(exc):
-    """The nearest builtin class of an exception (its name crosses; the test process raises its own)."""
+def builtin_base(cls):
+    """The nearest builtin class of an exception class (its name crosses; the test process raises
+    its own)."""
     import builtins
 
-    for cls in type(exc).__mro__:
-        if getattr(builtins, cls.__name__, None) is cls:
-            return cls.__name__
-    return type(exc).__name__
+    for base in cls.__mro__:
+        if getattr(builtins, base.__name__, None) is base:
+            return base.__name__
+    return cls.__name__
+
+
+def qualified(cls):
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def answer(wire, request):
@@ -68,6 +73,8 @@ def answer(wire, request):
         value = getattr(module, attr)
         if isinstance(value, types.ModuleType):
             return ["module", value.__name__]
+        if isinstance(value, type) and issubclass(value, Exception):
+            return ["exception", qualified(value), builtin_base(value)]
         if callable(value):
             return ["callable"]
         try:
@@ -101,10 +108,12 @@ def serve(wire_path, fd, paths, cwd):
         except wire.NotPlainData as exc:
             reply = ["not plain", str(exc)]
         except BaseException as exc:
-            text = str(exc)[:2000]
-            if builtin_base(exc) != type(exc).__name__:
-                text = f"{type(exc).__qualname__}: {text}"
-            reply = ["err", builtin_base(exc), text, traceback.format_exc(limit=4)[-2000:]]
+            text, where = str(exc)[:2000], traceback.format_exc(limit=4)[-2000:]
+            base = builtin_base(type(exc))
+            if base == type(exc).__name__ or not isinstance(exc, Exception):
+                reply = ["err", base, text, where]
+            else:  # the repository's own exception class: the tests catch it by that name
+                reply = ["raised", base, qualified(type(exc)), text, where]
         wire.send(sock, reply)
 
 
@@ -148,6 +157,22 @@ class Boundary:
         self.sock = None
         self.pid = None
         self.dead = ""
+        self.exceptions = {}
+
+    def exception_class(self, name, base):
+        """The test process's own class for the repository's exception class `name` (one per
+        name), derived from its nearest builtin exception class."""
+        import builtins
+
+        known = self.exceptions.get(name)
+        if known is None:
+            parent = getattr(builtins, base, None) if base.isidentifier() else None
+            if not (isinstance(parent, type) and issubclass(parent, Exception)):
+                parent = Exception
+            module, _, short = name.rpartition(".")
+            known = type(short, (parent,), {"__module__": module, "__qualname__": short})
+            self.exceptions[name] = known
+        return known
 
     def start(self):
         ours, theirs = socket.socketpair()
@@ -188,12 +213,14 @@ class Boundary:
                 return Opaque(wire, message[1], reply[1][:200])
             if reply[0] == "not plain":
                 raise wire.NotPlainData(f"the code under test returned {reply[1][:200]}")
-        if (
-            type(reply) is list
-            and len(reply) == 4
-            and reply[0] == "err"
-            and all(type(x) is str for x in reply)
-        ):
+        strings = type(reply) is list and all(type(x) is str for x in reply)
+        if strings and len(reply) == 3 and reply[0] == "exception" and message[0] == "get":
+            return self.exception_class(reply[1][:300], reply[2])
+        if strings and len(reply) == 5 and reply[0] == "raised":
+            exc = self.exception_class(reply[2][:300], reply[1])(reply[3])
+            exc.add_note("in the code under test:\n" + reply[4])
+            raise exc
+        if strings and len(reply) == 4 and reply[0] == "err":
             raise wire.remote_exception(*reply[1:])
         raise wire.NotPlainData("malformed reply from the code under test")
 
@@ -216,8 +243,16 @@ class RemoteModule(types.ModuleType):
         boundary = self.__dict__["__spec__"].loader.boundary
         value = boundary.request(["get", f"{self.__name__}:{attr}"])
         if callable(value) or isinstance(value, types.ModuleType):
-            setattr(self, attr, value)  # a function's stub or a module: the same on every use
+            self.__dict__[attr] = value  # a function's stub, a class or a module: the same on every use
         return value
+
+    def __setattr__(self, attr, value):
+        if (attr.startswith("__") and attr.endswith("__")) or isinstance(value, RemoteModule):
+            return super().__setattr__(attr, value)  # the import system's (a submodule's binding)
+        wire = self.__dict__["__spec__"].loader.boundary.wire
+        raise wire.NotPlainData(
+            f"setting {self.__name__}.{attr} would change the tests' view only, not the code under test"
+        )
 
 
 class RepositoryFinder:
@@ -336,7 +371,9 @@ def _emit(fd, entry):
     os.write(fd, (json.dumps(entry) + "\n").encode())
 
 
-def _session(result_fd, wire_path, source, args, cwd, roots, base_roots, env_paths, env, hidden_source=None):
+def _session(
+    result_fd, wire_path, source, args, cwd, code_cwd, roots, base_roots, env_paths, env, hidden_source=None
+):
     os.environ.clear()
     os.environ.update(env)
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
@@ -346,7 +383,7 @@ def _session(result_fd, wire_path, source, args, cwd, roots, base_roots, env_pat
     importlib.invalidate_caches()
     os.chdir(cwd)
     wire = load_wire(wire_path)
-    boundary = Boundary(wire, wire_path, source, roots, cwd, env)
+    boundary = Boundary(wire, wire_path, source, roots, code_cwd, env)
     names = repository_names([*roots, *base_roots], env_paths, sys.stdlib_module_names)
     sys.meta_path.insert(0, RepositoryFinder(boundary, names))
     import pytest

@@ -405,6 +405,7 @@ def session(state, boundary, job, args=None, hidden=None):
         "source": job["boundary_source"],
         "args": list(args or []),
         "cwd": base,  # the base's tests, read-only: the patch cannot change them
+        "code_cwd": cwd,  # the code under test runs in the patched copy
         "roots": [cwd, os.path.join(cwd, "src")],
         "base_roots": [base, os.path.join(base, "src")],
         "env_paths": [p for p in ("/mnt/env",) if os.path.isdir(p)],

@@ -297,6 +297,67 @@ def test_code_under_test_that_exits_0_on_import_passes_no_tests(tmp_path, root):
     assert checks["patch_applies"].value == 1.0 and checks["tests"].value == 0.0
 
 
+@needs_sandbox
+def test_a_test_that_needs_an_object_of_the_code_cannot_cross_and_never_counts_as_passed(tmp_path, root):
+    """Plain values and the repository's exception classes cross the boundary; an instance does
+    not. The base commit's run finds the test that needs one; it counts as not passed for every
+    patch, and the evidence says why (its in-process result would be the code's to write)."""
+    from fleet_pipelines.domain.models import Task
+    from fleet_pipelines.workspace.checks import patch_checks
+
+    calc = textwrap.dedent(
+        """
+        class ParseError(ValueError):
+            pass
+
+
+        def parse(text):
+            if not text.isdigit():
+                raise ParseError(text)
+            return int(text) + 1
+
+
+        class Counter:
+            def __init__(self):
+                self.n = 0
+
+            def bump(self):
+                self.n += 1
+                return self.n
+        """
+    )
+    tests = textwrap.dedent(
+        """
+        import pytest
+
+        from calc import Counter, ParseError, parse
+
+
+        def test_parse():
+            assert parse("4") == 4
+
+
+        def test_parse_rejects():
+            with pytest.raises(ParseError, match="x"):
+                parse("x")
+
+
+        def test_counter():
+            assert Counter().bump() == 1
+        """
+    )
+    source = make_repo(tmp_path / "src", {"calc.py": calc, "tests/test_calc.py": tests})
+    ws = prepare_workspace("objects", RepoSpec(url=str(source)), root)
+    fix = diff("calc.py", calc, calc.replace("int(text) + 1", "int(text)"))
+    task = Task.from_fields("objects", {"description": "Fix parse.", "role": "DEV"})
+    checks = {c.name: c for c in patch_checks(ws, task, f"```diff\n{fix}```", RepoRunLimits())}
+    assert checks["tests"].value == round(2 / 3, 4), checks["tests"]
+    assert "1 need objects of the code under test" in checks["tests"].evidence
+    evidence = score_patch(ws, fix)
+    assert evidence.tests is not None and evidence.tests.cannot_cross == ["tests/test_calc.py::test_counter"]
+    assert (evidence.tests.passed, evidence.tests.failed) == (2, 1)
+
+
 def test_retention_removes_a_tasks_read_only_workspaces(tmp_path, root):
     from fleet_pipelines.resources.history import HistoryResource
 

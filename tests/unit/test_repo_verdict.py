@@ -223,6 +223,12 @@ def code(tmp_path: Path):
             def fails():
                 raise KeyError("no")
 
+            class ParseError(ValueError):
+                pass
+
+            def parse(text):
+                raise ParseError(f"bad {text}")
+
             def where():
                 return os.getcwd()
             """
@@ -259,6 +265,29 @@ def test_only_plain_data_crosses_the_boundary(code):
     with pytest.raises(AttributeError):
         side.request(["get", "calc:missing"])
     assert side.request(["get", "calc:where"])() == side.cwd
+    parse_error = side.request(["get", "calc:ParseError"])  # the repository's exception class crosses
+    assert issubclass(parse_error, ValueError) and parse_error is side.request(["get", "calc:ParseError"])
+    with pytest.raises(parse_error, match="bad x"):
+        side.request(["get", "calc:parse"])("x")
+
+
+def test_the_tests_import_the_repository_as_proxies_they_cannot_change(code):
+    wire, side = code
+    finder = boundary.RepositoryFinder(side, ["calc", "pkg"])
+    sys.meta_path.insert(0, finder)
+    try:
+        import calc  # type: ignore[import-not-found]
+        from pkg.sub import VALUE  # type: ignore[import-not-found]
+
+        assert isinstance(calc, boundary.RemoteModule) and calc.add(1, 2) == 3 and VALUE == 3
+        with pytest.raises(wire.NotPlainData, match=r"setting calc\.add would change the tests' view only"):
+            calc.add = lambda a, b: a + b  # monkeypatching a proxy would fool only the tests
+        with pytest.raises(ImportError):
+            from calc import missing  # type: ignore[import-not-found]  # noqa: F401
+    finally:
+        sys.meta_path.remove(finder)
+        for name in ("calc", "pkg", "pkg.sub"):
+            sys.modules.pop(name, None)
 
 
 def test_the_repository_never_shadows_the_standard_library_the_environment_or_the_tests(tmp_path: Path):
