@@ -158,6 +158,7 @@ class Boundary:
         self.pid = None
         self.dead = ""
         self.exceptions = {}
+        self.names = frozenset()  # the repository's top-level module names (RepositoryFinder's)
 
     def exception_class(self, name, base):
         """The test process's own class for the repository's exception class `name` (one per
@@ -208,7 +209,9 @@ class Boundary:
             return wire.entry_point(self, message[1])
         if type(reply) is list and len(reply) == 2 and type(reply[1]) is str:
             if reply[0] == "module" and message[0] == "get":
-                return importlib.import_module(reply[1])
+                if reply[1].partition(".")[0] in self.names:
+                    return importlib.import_module(reply[1])  # through the finder: a proxy
+                return Opaque(wire, message[1], f"the module {reply[1][:100]}")
             if reply[0] == "opaque":
                 return Opaque(wire, message[1], reply[1][:200])
             if reply[0] == "not plain":
@@ -260,7 +263,7 @@ class RepositoryFinder:
 
     def __init__(self, boundary, names):
         self.boundary = boundary
-        self.names = frozenset(names)
+        self.names = boundary.names = frozenset(names)
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname.partition(".")[0] not in self.names:
