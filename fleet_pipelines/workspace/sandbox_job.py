@@ -230,19 +230,19 @@ def tool(job, cwd):
 
 
 def wipe(path):
-    """Removes `path` whatever its modes (code under test may have made it read-only)."""
-
-    def unlock(function, failed, _exc):
-        os.chmod(os.path.dirname(failed), 0o700)
-        if os.path.isdir(failed) and not os.path.islink(failed):
-            os.chmod(failed, 0o700)
-        function(failed)
-
+    """Removes `path` whatever modes the last command left on it (its folders made 0700 first,
+    top down, so each can be listed and emptied)."""
     if os.path.islink(path) or not os.path.isdir(path):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
-    shutil.rmtree(path, onerror=unlock)
+    os.chmod(path, 0o700)
+    for directory, dirs, _files in os.walk(path):
+        for name in dirs:
+            folder = os.path.join(directory, name)
+            if not os.path.islink(folder):
+                os.chmod(folder, 0o700)
+    shutil.rmtree(path)
 
 
 def kill_all():
@@ -362,6 +362,9 @@ class Job:
         """Before a command: no process of the one before, no file it left outside the copy, and
         the copy as the patch left it (rebuilt when anything in it changed)."""
         kill_all()
+        for folder in (WORK, "/dev/shm"):  # as the last command may have left their modes
+            with contextlib.suppress(OSError):
+                os.chmod(folder, 0o700)
         for name in os.listdir(WORK):
             if name not in ("repo", "main.py"):
                 wipe(os.path.join(WORK, name))

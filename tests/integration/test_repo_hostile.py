@@ -564,6 +564,16 @@ FORGERIES: dict[str, str] = {
     "stops the process that imports it": diff(
         "calc.py", CALC, calc_with("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n")
     ),
+    "skips the calling test from inside the call": diff(
+        "calc.py", CALC, calc_with(body='    import pytest\n\n    pytest.skip("later")\n')
+    ),
+    "renames the failing test's file away": (
+        "diff --git a/tests/test_calc.py b/tests/test_moved.py\nsimilarity index 100%\n"
+        "rename from tests/test_calc.py\nrename to tests/test_moved.py\n"
+    ),
+    "locks the work dir for the next command": diff(
+        "calc.py", CALC, calc_with("import os\nos.chmod('/work/repo', 0)\nos.chmod('/work', 0)\n")
+    ),
     "pytest configuration in pyproject.toml deselects the failing test": diff(
         "pyproject.toml",
         None,
@@ -717,13 +727,15 @@ def test_a_forged_verdict_scores_no_higher_than_the_honest_wrong_patch(judged: J
     assert not tests.forgeable
     assert not candidate.passed and candidate.hidden_status != "passed", candidate
     assert candidate.examples_passed <= 1 and candidate.examples_total <= 2, candidate
-    if forged.applies:
+    if name != "kills every other process on import":  # that one ends the job itself: no report, 0
+        assert forged.applies, forged.apply_output  # the job outlives whatever the patch did
         assert forged.hidden is not None and forged.hidden.passed == 0, forged.hidden
     if name in FLAGGED:
         assert checks["patch_scope"].value == 0.0 and forged.flags, checks["patch_scope"]
 
 
 FLAGGED = {
+    "renames the failing test's file away",
     "a dist-info entry point loads a pytest plugin",
     "pprint.py at the root runs before pytest",
     "300 empty tests added",
