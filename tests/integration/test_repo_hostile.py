@@ -358,6 +358,24 @@ def test_a_test_that_needs_an_object_of_the_code_cannot_cross_and_never_counts_a
     assert (evidence.tests.passed, evidence.tests.failed) == (2, 1)
 
 
+@needs_sandbox
+def test_hidden_tests_of_a_name_the_base_lacks_still_count(tmp_path, root):
+    """A task that asks for a new function: on the base commit its hidden tests cannot even be
+    collected, so what counts is read from their source. The patch that adds it passes them; one
+    that adds nothing fails them (they never report): they never drop out of the count."""
+    source = make_repo(tmp_path / "src", {"calc.py": CALC, "tests/test_calc.py": VISIBLE.replace("5", "-1")})
+    ws = prepare_workspace("feature", RepoSpec(url=str(source)), root)
+    hidden = "from calc import sub\n\n\ndef test_sub():\n    assert sub(3, 1) == 2\n"
+    adds = diff("calc.py", CALC, CALC + "\n\ndef sub(a, b):\n    return a - b\n")
+    evidence = score_patch(ws, adds, hidden)
+    assert evidence.hidden is not None and (evidence.hidden.passed, evidence.hidden.failed) == (1, 0)
+    assert evidence.tests is not None and evidence.tests.status == "passed"
+    nothing = diff("calc.py", CALC, CALC.replace("Tiny", "Small"))
+    evidence = score_patch(ws, nothing, hidden)
+    assert evidence.hidden is not None and (evidence.hidden.passed, evidence.hidden.failed) == (0, 1)
+    assert "test_fleet_hidden.py::test_sub: not reported" in evidence.hidden.first_failure
+
+
 def test_retention_removes_a_tasks_read_only_workspaces(tmp_path, root):
     from fleet_pipelines.resources.history import HistoryResource
 

@@ -303,3 +303,39 @@ def test_the_repository_never_shadows_the_standard_library_the_environment_or_th
     (env / "six.py").write_text("")
     names = boundary.repository_names([str(repo), str(repo / "src")], [str(env)], STDLIB)
     assert names == ["calc", "pkg"]
+
+
+def test_the_job_finds_every_changed_path_and_a_changed_pytest_section(tmp_path: Path):
+    import shutil
+
+    from fleet_pipelines.workspace import sandbox_job
+
+    base = tmp_path / "base"
+    (base / "tests").mkdir(parents=True)
+    for name, text in {
+        "calc.py": "x\n",
+        "tests/test_a.py": "t\n",
+        "run.sh": "s\n",
+        "setup.cfg": "[x]\n",
+    }.items():
+        (base / name).write_text(text)
+    os.symlink("calc.py", base / "link")
+    patched = tmp_path / "patched"
+    shutil.copytree(base, patched, symlinks=True)  # as the job copies: modes and mtimes kept
+    assert sandbox_job.changed_paths(str(base), str(patched)) == []
+    (patched / "tests" / "test_a.py").rename(patched / "tests" / "test_b.py")  # a rename: both
+    (patched / "run.sh").chmod(0o755)  # a mode change
+    (patched / "link").unlink()
+    os.symlink("run.sh", patched / "link")  # a link pointed elsewhere
+    (patched / "calc.py").write_text("y\n")  # same size, new content
+    assert sandbox_job.changed_paths(str(base), str(patched)) == [
+        "calc.py",
+        "link",
+        "run.sh",
+        "tests/test_a.py",
+        "tests/test_b.py",
+    ]
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[project]\nname = "x"\n\n[tool.pytest.ini_options]\naddopts = "-q"\n\n[tool.ruff]\n')
+    assert sandbox_job.pytest_section(str(config)) == '[tool.pytest.ini_options]\naddopts = "-q"\n'
+    assert sandbox_job.pytest_section(str(tmp_path / "none.cfg")) == ""
