@@ -147,11 +147,11 @@ class Opaque:
 class Boundary:
     """The test process's side: the code process (started on first use) and its socket."""
 
-    def __init__(self, wire, wire_path, source, roots, cwd, env):
+    def __init__(self, wire, wire_path, source, paths, cwd, env):
         self.wire = wire
         self.source = source
         self.wire_path = wire_path
-        self.roots = roots
+        self.paths = paths  # after the standard library: the environment, then the repository
         self.cwd = cwd
         self.env = env
         self.sock = None
@@ -178,7 +178,7 @@ class Boundary:
     def start(self):
         ours, theirs = socket.socketpair()
         argv = [sys.executable, "-I", "-S", "-B", "-c", self.source, "serve", self.wire_path]
-        argv += [str(theirs.fileno()), json.dumps(self.roots), self.cwd]
+        argv += [str(theirs.fileno()), json.dumps(self.paths), self.cwd]
         process = subprocess.Popen(
             argv,
             pass_fds=(theirs.fileno(),),
@@ -386,7 +386,7 @@ def _session(
     importlib.invalidate_caches()
     os.chdir(cwd)
     wire = load_wire(wire_path)
-    boundary = Boundary(wire, wire_path, source, roots, code_cwd, env)
+    boundary = Boundary(wire, wire_path, source, [*env_paths, *roots], code_cwd, env)
     names = repository_names([*roots, *base_roots], env_paths, sys.stdlib_module_names)
     sys.meta_path.insert(0, RepositoryFinder(boundary, names))
     import pytest

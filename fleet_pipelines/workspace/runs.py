@@ -154,6 +154,7 @@ class TestPlan:
     notes: tuple[str, ...] = ()
 
 
+MAX_PLANS = 256  # plans kept per process (a workspace and hidden tests each), oldest dropped first
 _PLANS: dict[tuple[str, ...], TestPlan] = {}
 _PLANS_LOCK = threading.Lock()
 
@@ -268,6 +269,8 @@ def score_patch(
         if all(report[s].get("done") for s in ("plan_visible", "plan_hidden") if s in report):
             with _PLANS_LOCK:
                 _PLANS[key] = plan
+                while len(_PLANS) > MAX_PLANS:
+                    del _PLANS[next(iter(_PLANS))]  # the oldest
     if report is None or plan is None:
         unfinished = _unfinished(result, workspace.test_command)
         return PatchEvidence(

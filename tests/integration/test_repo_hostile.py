@@ -223,14 +223,21 @@ def test_a_patch_cannot_write_outside_the_sandboxed_copy(tmp_path, root):
 def test_declared_dependencies_are_installed_once_into_a_read_only_environment(tmp_path, root):
     """The repository's requirements.txt (six, from the package index: the one step with network)
     lands in the workspace's environment, which every sandboxed run mounts read-only."""
-    test = "import six\n\n\ndef test_six():\n    assert six.PY3\n"
-    source = make_repo(tmp_path / "src", {"requirements.txt": "six\n", "tests/test_six.py": test})
+    test = "import six\n\nfrom uses import py3\n\n\ndef test_six():\n    assert six.PY3 and py3()\n"
+    files = {
+        "requirements.txt": "six\n",
+        "tests/test_six.py": test,
+        "uses.py": "import six\n\n\ndef py3():\n    return six.PY3\n",
+    }
+    source = make_repo(tmp_path / "src", files)
     ws = prepare_workspace("deps", RepoSpec(url=str(source)), root)
     assert ws.dependencies == ["six"]
     assert ws.baseline is not None and ws.baseline.status == "passed" and ws.baseline.passed == 1
     env = Path(ws.env_path)
     assert (env / "six.py").exists() and (env / "pytest").is_dir()  # the test runner, copied from here
     assert not os.stat(env / "six.py").st_mode & 0o222
+    fine = score_patch(ws, diff("notes.txt", None, "x\n"))  # the code under test imports six too
+    assert fine.tests is not None and (fine.tests.status, fine.tests.passed) == ("passed", 1), fine.tests
     again = prepare_workspace("deps", RepoSpec(url=str(source)), root)  # same commit: built once
     assert (
         again.env_path == ws.env_path
