@@ -1,7 +1,8 @@
 """Runs on a repository, each in a fresh sandbox (`fleet_pipelines.sandbox`): the workspace bound
 read-only at /mnt/repo and copied into the sandbox's own work dir, its dependency environment
 read-only at /mnt/env, git and ruff bound read-only. The program that runs there is
-`sandbox_job.py`; this module builds its job and reads back its report.
+`sandbox_job.py` (with `boundary.py` for the counted test sessions); this module builds its job,
+keeps the plan of what counts (`TestPlan`) and counts the outcomes against it.
 """
 
 from __future__ import annotations
