@@ -30,6 +30,7 @@ import sys
 import types
 
 HIDDEN_MODULE = "fleet_hidden_tests"
+TEST_NAMES = ("conftest", "test", "tests", "testing")
 HIDDEN_FILE = "test_fleet_hidden.py"
 PLAIN_DUNDERS = ("__all__", "__version__")
 
@@ -250,7 +251,7 @@ class RemoteModule(types.ModuleType):
         return value
 
     def __setattr__(self, attr, value):
-        if (attr.startswith("__") and attr.endswith("__")) or isinstance(value, RemoteModule):
+        if (attr.startswith("__") and attr.endswith("__")) or isinstance(value, types.ModuleType):
             return super().__setattr__(attr, value)  # the import system's (a submodule's binding)
         wire = self.__dict__["__spec__"].loader.boundary.wire
         raise wire.NotPlainData(
@@ -258,15 +259,31 @@ class RemoteModule(types.ModuleType):
         )
 
 
-class RepositoryFinder:
-    """First on sys.meta_path: the repository's modules are proxies of the code process."""
+def test_part(name):
+    """Whether a module name (one dotted part) is a test's (pytest imports those from the base)."""
+    return name in TEST_NAMES or name.startswith("test_") or name.endswith("_test")
 
-    def __init__(self, boundary, names):
+
+class RepositoryFinder:
+    """First on sys.meta_path: the repository's modules are proxies of the code process. Test
+    modules inside its packages (`pkg.tests.test_x`, `pkg.conftest`) are the base commit's files,
+    imported here."""
+
+    def __init__(self, boundary, names, base_roots=()):
         self.boundary = boundary
         self.names = boundary.names = frozenset(names)
+        self.base_roots = list(base_roots)
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname.partition(".")[0] not in self.names:
+        parts = fullname.split(".")
+        if parts[0] not in self.names:
+            return None
+        if any(test_part(p) for p in parts[1:]):
+            for root in self.base_roots:
+                where = os.path.join(root, *parts[:-1])
+                spec = importlib.machinery.PathFinder.find_spec(fullname, [where])
+                if spec is not None:
+                    return spec
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
@@ -327,9 +344,8 @@ def repository_names(roots, env_paths, stdlib):
         for n in names
         if n.isidentifier()
         and n not in stdlib
-        and n not in ("conftest", "test", "tests", "testing", "sitecustomize", "usercustomize")
-        and not n.startswith("test_")
-        and not n.endswith("_test")
+        and not test_part(n)
+        and n not in ("sitecustomize", "usercustomize")
         and finder.find_spec(n, env_paths) is None
     )
 
@@ -388,7 +404,7 @@ def _session(
     wire = load_wire(wire_path)
     boundary = Boundary(wire, wire_path, source, [*env_paths, *roots], code_cwd, env)
     names = repository_names([*roots, *base_roots], env_paths, sys.stdlib_module_names)
-    sys.meta_path.insert(0, RepositoryFinder(boundary, names))
+    sys.meta_path.insert(0, RepositoryFinder(boundary, names, base_roots))
     import pytest
     from _pytest.assertion.rewrite import rewrite_asserts
 

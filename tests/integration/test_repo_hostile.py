@@ -383,6 +383,31 @@ def test_hidden_tests_of_a_name_the_base_lacks_still_count(tmp_path, root):
     assert "test_fleet_hidden.py::test_sub: not reported" in evidence.hidden.first_failure
 
 
+@needs_sandbox
+def test_a_package_that_holds_its_own_tests_is_judged_across_the_boundary(tmp_path, root):
+    """Tests inside the package (`mypkg/tests/test_core.py`, a conftest.py in it) are the base
+    commit's files, imported by the test process; the package's code stays behind the boundary."""
+    core = "def double(x):\n    return x + x + 1\n"
+    files = {
+        "mypkg/__init__.py": "",
+        "mypkg/core.py": core,
+        "mypkg/conftest.py": "import pytest\n\n\n@pytest.fixture\ndef two():\n    return 2\n",
+        "mypkg/tests/__init__.py": "",
+        "mypkg/tests/helpers.py": "FOUR = 4\n",
+        "mypkg/tests/test_core.py": (
+            "from mypkg.core import double\n\nfrom .helpers import FOUR\n\n\n"
+            "def test_double(two):\n    assert double(two) == FOUR\n\n\n"
+            "def test_zero():\n    assert double(0) == 0\n"
+        ),
+    }
+    source = make_repo(tmp_path / "src", files)
+    ws = prepare_workspace("package", RepoSpec(url=str(source)), root)
+    assert ws.baseline is not None and (ws.baseline.passed, ws.baseline.failed) == (0, 2)
+    fixed = score_patch(ws, diff("mypkg/core.py", core, core.replace(" + 1", "")))
+    assert fixed.tests is not None and (fixed.tests.passed, fixed.tests.failed) == (2, 0), fixed.tests
+    assert fixed.tests.status == "passed"
+
+
 def test_retention_removes_a_tasks_read_only_workspaces(tmp_path, root):
     from fleet_pipelines.resources.history import HistoryResource
 
