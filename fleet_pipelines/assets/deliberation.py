@@ -25,7 +25,7 @@ from pydantic.fields import FieldInfo
 from ..dagster_private import defs_state_storage
 from ..domain.context import StoryContext
 from ..domain.councils import Convened, CouncilsFileError
-from ..domain.decision import Decision, decide
+from ..domain.decision import Decision, decide, repository_verdict
 from ..domain.deliberation import TurnRunner, current_versions, proposal_requests, review_rounds
 from ..domain.models import Task, TurnRequest, TurnResult, flat_task_fields, validation_message
 from ..domain.scoring import CheckResult, ProposalScore, gate_failures
@@ -350,9 +350,9 @@ def decision(
         council.quorum,
         {s.agent_id: s.not_run() for s in scores},
     )
-    if workspace.active:  # a repository task: the decision is the winning patch
+    if workspace.active:  # a repository task: the decision is the winning patch, when one applied
         patch = extract_patch(result.winner_content) if result.winner_id else ""
-        result = result.model_copy(update={"winner_patch": patch, "base_commit": workspace.commit})
+        result = repository_verdict(result, scores, patch, workspace.commit)
     # OUTCOME: what the decision log keeps
     metadata = {**decision_metadata(result), OUTCOME: outcome_metadata(convened.task, result, turns)}
     yield dg.Output(result, metadata=metadata)

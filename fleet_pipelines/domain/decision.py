@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel
 
 from .models import AgentSpec, DeliberationStatus, TurnResult, TurnStatus
+from .scoring import ProposalScore
 
 
 class RankedProposal(BaseModel):
@@ -129,3 +130,45 @@ def decide(
         winner_content=finals[winner_id].content if winner_id else "",
         winner_not_run=winner_not_run,
     )
+
+
+def repository_verdict(
+    decision: Decision, scores: Sequence[ProposalScore], patch: str, base_commit: str
+) -> Decision:
+    """A repository task's decision: the winning patch (`patch`, the winner's diff) kept unless it
+    did not apply, and the reasons say first, plainly, when no candidate's patch applied or none
+    passed the tests, and when the winner's test result is forgeable (it ran in the process of
+    the code it judges). `winner_passes_checks` fails in each of these cases (`gate_failures`)."""
+    applied = [s for s in scores if s.value("patch_applies") == 1.0]
+    passing = [
+        s
+        for s in applied
+        if s.value("tests") == 1.0 and not (s.check("tests") and s.check("tests").forgeable)
+    ]
+    checked = [s for s in scores if s.check("patch_applies") and not s.check("patch_applies").not_run]
+    reasons = list(decision.reasons)
+    winner = next((s for s in scores if s.agent_id == decision.winner_id), None)
+    if checked and not applied:
+        why = "; ".join(
+            f"{s.agent_id}: {s.check('patch_applies').evidence}" for s in scores if s.check("patch_applies")
+        )
+        reasons.insert(
+            0, f"no candidate's patch applied to {base_commit[:12]}: there is no patch to take ({why})"
+        )
+    elif applied and not passing:
+        best = max(applied, key=lambda s: s.value("tests") or 0.0)
+        evidence = best.check("tests").evidence if best.check("tests") else "no tests check"
+        reasons.insert(
+            0,
+            f"no candidate's patch passed the tests: the best, {best.agent_id}'s, scored "
+            f"{best.value('tests') or 0.0:.2f} ({evidence})",
+        )
+    tests = winner.check("tests") if winner is not None else None
+    if tests is not None and tests.forgeable:
+        reasons.append(
+            f"{decision.winner_id}'s tests result is forgeable (it ran in the process of the code it "
+            f"judges), so it does not count as passing: {tests.evidence}"
+        )
+    unchecked = winner is not None and winner not in checked  # no sandbox: kept, the reasons say so
+    kept = patch if winner is not None and (winner.value("patch_applies") == 1.0 or unchecked) else ""
+    return decision.model_copy(update={"reasons": reasons, "winner_patch": kept, "base_commit": base_commit})

@@ -82,6 +82,12 @@ class ScoringWeights(BaseModel):
         ge=0,
         description="A repository task's patch applies (`git apply --check`) to its commit.",
     )
+    patch_scope: float = Field(
+        default=0.10,
+        ge=0,
+        description="A repository task's patch leaves alone what judges it: tests, conftest.py, pytest "
+        "configuration, plugin entry points, standard-library names (0 when it touches any).",
+    )
 
 
 class CodeBlock(BaseModel):
@@ -96,6 +102,7 @@ class CheckResult(BaseModel):
     not_run: bool = False  # it applies but could not run (no sandbox): counts 0, fails the gate
     ran: str = ""  # what was run (command, program, prompt), when something was run
     output: str = ""  # an excerpt of what it printed or replied
+    forgeable: bool = False  # its value came from the code it judges: it never passes the gate
 
 
 class RequirementVerdict(BaseModel):
@@ -129,7 +136,8 @@ GATE_CHECKS = ("code_parses", "runs", "patch_applies", "tests")
 
 def gate_failures(score: ProposalScore) -> list[str]:
     """Why a proposal does not pass its hard checks: code that must parse, run and pass its tests.
-    A check that could not run (tests not run: no isolation) is a failure here, not a pass."""
+    A check that could not run (tests not run: no isolation) is a failure here, not a pass, and so
+    is one whose result the judged code could have written (`forgeable`)."""
     failures = []
     for name in GATE_CHECKS:
         check = score.check(name)
@@ -137,6 +145,8 @@ def gate_failures(score: ProposalScore) -> list[str]:
             continue
         if check.not_run:
             failures.append(f"{name} not run: {check.evidence}")
+        elif check.forgeable:
+            failures.append(f"{name} forgeable (ran in the process of the code it judges): {check.evidence}")
         elif check.value is None and check.ran:
             failures.append(f"{name}: {check.evidence}")
         elif check.value is not None and check.value < 1.0:

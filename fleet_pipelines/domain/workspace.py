@@ -75,6 +75,13 @@ class TestEvidence(BaseModel):
     output: str = ""  # an excerpt
     duration_s: float = 0.0
     counted: bool = False  # the counts come from pytest's report (else only the exit status)
+    forgeable: bool = False  # ran in the code under test's own process: it could write the result
+    cannot_cross: list[str] = Field(
+        default_factory=list,
+        description="Counted tests that need objects of the code under test (found on the base "
+        "commit): they cannot run across the boundary and count as not passed.",
+    )
+    not_counted: int = 0  # tests reported that are not the base commit's (the patch's own)
 
     @property
     def total(self) -> int:
@@ -88,6 +95,11 @@ class PatchEvidence(BaseModel):
     apply_output: str = ""
     changed_files: list[str] = Field(default_factory=list)
     touches_tests: bool = False
+    flags: list[str] = Field(
+        default_factory=list,
+        description="What the patch touches that can change how it is judged (tests, conftest.py, "
+        "pytest configuration, plugin entry points, standard-library names), each with its path.",
+    )
     tests: TestEvidence | None = None  # the repository's test command after the patch
     hidden: TestEvidence | None = None  # the task's hidden tests after the repository's
     ruff_issues: int | None = None
@@ -158,6 +170,53 @@ def changed_paths(patch: str) -> list[str]:
 def is_test_path(path: str) -> bool:
     name = PurePosixPath(path).name
     return name.startswith("test_") or name.endswith("_test.py") or "tests" in PurePosixPath(path).parts
+
+
+PYTEST_CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
+RUNNER_MODULES = frozenset({"sitecustomize", "usercustomize", "pytest", "_pytest", "pluggy", "py"})
+
+
+def patch_flags(
+    paths: list[str], subdir: str, stdlib: frozenset[str], pytest_config: list[str] = ()
+) -> list[str]:
+    """Why each path a patch changes can change how the patch is judged (empty: none can):
+    test files, conftest.py, pytest configuration (`pytest_config`: the configuration files whose
+    pytest sections changed), plugin entry points and site configuration (*.dist-info,
+    *.egg-info, entry_points.txt, *.pth), modules named like the standard library's or the test
+    runner's at a source root (the project root or its src/)."""
+    flags = []
+    root = PurePosixPath(subdir) if subdir else None
+    for path in paths:
+        pure = PurePosixPath(path)
+        parts = pure.parts
+        if any(p.endswith((".dist-info", ".egg-info")) for p in parts) or pure.name == "entry_points.txt":
+            flags.append(f"{path}: plugin entry points")
+        elif pure.suffix == ".pth":
+            flags.append(f"{path}: site configuration (.pth)")
+        elif pure.name == "conftest.py":
+            flags.append(f"{path}: conftest.py")
+        elif path in pytest_config:
+            flags.append(f"{path}: pytest configuration")
+        elif is_test_path(path):
+            flags.append(f"{path}: test file")
+        else:
+            inside = parts
+            if root is not None:
+                if parts[: len(root.parts)] != root.parts:
+                    continue
+                inside = parts[len(root.parts) :]
+            if inside and inside[0] == "src":
+                inside = inside[1:]
+            if not inside:
+                continue
+            module = inside[0].removesuffix(".py") if len(inside) == 1 else inside[0]
+            if len(inside) == 1 and not inside[0].endswith(".py"):
+                continue
+            if module in stdlib:
+                flags.append(f"{path}: named like the standard library's {module!r}")
+            elif module in RUNNER_MODULES:
+                flags.append(f"{path}: named like the test runner's or site's {module!r}")
+    return flags
 
 
 def bounded_patch(patch: str, limit: int = INLINE_PATCH_CHARS) -> tuple[str, bool]:

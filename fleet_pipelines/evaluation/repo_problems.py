@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..domain.models import Constraints, RepoSpec, Task, TurnResult
 from ..domain.scoring import ScoringWeights, score_proposal
-from ..domain.workspace import Workspace, extract_patch
+from ..domain.workspace import PatchEvidence, Workspace, extract_patch
 from ..workspace.checkout import make_writable
 from ..workspace.checks import patch_checker
 from ..workspace.prepare import prepare_workspace
@@ -59,6 +59,24 @@ def repo_task(
     )
 
 
+def patch_candidate(agent_id: str, evidence: PatchEvidence) -> ev.Candidate:
+    """A scored patch as a candidate. The selector's key (`examples_passed`) counts the base
+    commit's tests that passed across the boundary (never the patch's own, never an in-process
+    result); the verdict needs every counted visible and hidden test to pass across it."""
+    visible, hidden = evidence.tests, evidence.hidden
+    verified = visible is not None and visible.counted and not visible.forgeable
+    passed = bool(evidence.applies and hidden and hidden.counted and hidden.status == "passed")
+    passed = passed and (visible is None or (verified and visible.status == "passed"))
+    return ev.Candidate(
+        agent_id=agent_id,
+        has_code=True,
+        examples_passed=visible.passed if verified else 0,
+        examples_total=visible.total if verified else 0,
+        passed=passed,
+        hidden_status="passed" if passed else ("no_apply" if not evidence.applies else "failed"),
+    )
+
+
 class RepoJudge:
     """Candidates of a repository problem: each distinct patch run once in the sandbox."""
 
@@ -95,18 +113,7 @@ class RepoJudge:
             evidence = score_patch(self.workspace, patch, self.problem.test, self.limits)
             if evidence.not_run:
                 raise RuntimeError(f"sandbox cannot run the repository's tests: {evidence.not_run}")
-            visible, hidden = evidence.tests, evidence.hidden
-            passed = bool(evidence.applies and visible and hidden)
-            passed = passed and visible.status == "passed" and hidden.status == "passed"
-            status = "passed" if passed else ("no_apply" if not evidence.applies else "failed")
-            held = ev.Candidate(
-                agent_id=turn.agent_id,
-                has_code=True,
-                examples_passed=visible.passed if visible else 0,
-                examples_total=(visible.total if visible else 0),
-                passed=passed,
-                hidden_status=status,
-            )
+            held = patch_candidate(turn.agent_id, evidence)
             self._patches[patch] = held
         score = score_proposal(self.task, turn, self.weights).score
         return held.model_copy(update={"agent_id": turn.agent_id, "round": turn.round, "score": score})

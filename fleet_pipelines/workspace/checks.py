@@ -19,29 +19,51 @@ _EXCERPT = 1_500
 def _counts(evidence: TestEvidence | None) -> str:
     if evidence is None:
         return "not run"
+    if evidence.forgeable:
+        return f"{evidence.status} (in process: forgeable)"
     if evidence.counted:
-        return f"{evidence.passed} passed, {evidence.failed} failing ({evidence.status})"
+        cannot = f", {len(evidence.cannot_cross)} cannot cross" if evidence.cannot_cross else ""
+        extra = f", {evidence.not_counted} not the base's (not counted)" if evidence.not_counted else ""
+        return f"{evidence.passed} passed, {evidence.failed} failing{cannot}{extra} ({evidence.status})"
     return evidence.status
 
 
-def _tests_value(evidence: PatchEvidence) -> tuple[float, str]:
-    """Share of the repository's and the hidden tests passing after the patch; a run that gave no
-    counts is 1 when it passed, else 0."""
+def _tests_value(evidence: PatchEvidence) -> tuple[float, str, bool]:
+    """Share of the counted tests (the base commit's and the hidden ones, run across the
+    boundary) passing after the patch, and whether it is forgeable: only when no test could be
+    counted does an in-process run's exit status give the value (1 passed, else 0), forgeable."""
     runs = [e for e in (evidence.tests, evidence.hidden) if e is not None]
-    if all(e.counted for e in runs) and sum(e.total for e in runs):
-        passed = sum(e.passed for e in runs)
-        total = sum(e.total for e in runs)
-        return round(passed / total, 4), f"{passed}/{total} tests pass"
-    ok = all(e.status == "passed" for e in runs)
-    return (1.0 if ok and runs else 0.0), "tests " + ("pass" if ok and runs else "fail")
+    counted = [e for e in runs if e.counted and not e.forgeable]
+    total = sum(e.total for e in counted)
+    if total:
+        passed = sum(e.passed for e in counted)
+        return round(passed / total, 4), f"{passed}/{total} counted tests pass", False
+    ok = bool(runs) and all(e.status == "passed" for e in runs)
+    forgeable = ok and any(e.forgeable for e in runs)
+    return (
+        (1.0 if ok else 0.0),
+        "tests " + ("pass" if ok else "fail") + (" (forgeable)" if forgeable else ""),
+        forgeable,
+    )
 
 
 def patch_checks(workspace: Workspace, task: Task, text: str, limits: RepoRunLimits) -> list[CheckResult]:
-    """patch_applies, tests, lint for the patch in `text`, run in a fresh sandboxed copy."""
+    """patch_applies, tests, patch_scope, lint for the patch in `text`, run in a fresh sandboxed copy."""
     patch = extract_patch(text)
-    evidence = score_patch(workspace, patch, task.constraints.tests, limits)
+    return evidence_checks(
+        workspace, task, bool(patch), score_patch(workspace, patch, task.constraints.tests, limits)
+    )
+
+
+def evidence_checks(
+    workspace: Workspace, task: Task, has_patch: bool, evidence: PatchEvidence
+) -> list[CheckResult]:
+    """The checks a scored patch's evidence gives."""
     took = f"{evidence.sandbox_s:.2f} s"
-    ran = f"sandbox: git apply --check; {workspace.test_command}; ruff; hidden tests ({took})"
+    ran = (
+        f"sandbox: git apply --check; the base commit's tests ({workspace.test_command}) and the hidden "
+        f"tests across the boundary; ruff ({took})"
+    )
     if evidence.not_run:
         why = f"not_run: {evidence.not_run}"
         return [
@@ -53,11 +75,10 @@ def patch_checks(workspace: Workspace, task: Task, text: str, limits: RepoRunLim
         value=1.0 if evidence.applies else 0.0,
         evidence=(
             f"applies to {workspace.commit[:12]}; changes {', '.join(evidence.changed_files)}"
-            + ("; touches test files" if evidence.touches_tests else "")
             if evidence.applies
             else "does not apply: " + (evidence.apply_output.strip().splitlines() or ["no diff"])[-1]
         ),
-        ran="git apply --check" if patch else "",
+        ran="git apply --check" if has_patch else "",
         output=evidence.apply_output[:_EXCERPT],
     )
     if not evidence.applies:
@@ -65,11 +86,17 @@ def patch_checks(workspace: Workspace, task: Task, text: str, limits: RepoRunLim
             name="tests", value=0.0, evidence="the patch does not apply: tests score 0", ran=ran
         )
         return [applies, tests]
-    value, summary = _tests_value(evidence)
+    value, summary, forgeable = _tests_value(evidence)
     before = _counts(workspace.baseline)
     after = _counts(evidence.tests)
     hidden = _counts(evidence.hidden) if task.constraints.tests.strip() else "none given"
     failure = next((e.first_failure for e in (evidence.tests, evidence.hidden) if e and e.first_failure), "")
+    cannot = sum(len(e.cannot_cross) for e in (evidence.tests, evidence.hidden) if e is not None)
+    if cannot:
+        summary += (
+            f" ({cannot} need objects of the code under test: they cannot cross the boundary and count "
+            "as not passed)"
+        )
     checks = [
         applies,
         CheckResult(
@@ -78,6 +105,17 @@ def patch_checks(workspace: Workspace, task: Task, text: str, limits: RepoRunLim
             evidence=f"{summary}; before: {before}; after: {after}; hidden: {hidden}",
             ran=ran,
             output=(f"first failure: {failure}" if failure else "all passed")[:_EXCERPT],
+            forgeable=forgeable,
+        ),
+        CheckResult(
+            name="patch_scope",
+            value=0.0 if evidence.flags else 1.0,
+            evidence=(
+                "touches what judges it (not counted, and it costs): " + "; ".join(evidence.flags)
+                if evidence.flags
+                else "touches no test, test configuration, plugin or standard-library name"
+            ),
+            ran="the changed files, compared with the base commit in the sandbox",
         ),
     ]
     if evidence.ruff_issues is not None:

@@ -183,6 +183,47 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
     assert cli.output == CASE.fix
 
 
+def test_when_no_patch_applies_the_decision_says_so_and_the_winner_fails_its_checks(
+    tmp_path: Path, nats_resource, workspaces: Path
+):
+    """Every agent's patch fails to apply: the deliberation completes, but its decision says first
+    and plainly that no candidate's patch applied, carries no patch, winner_passes_checks fails,
+    and `fleet result` prints it."""
+    source = create_repo(CASE, tmp_path / "calc")
+    task_id = "repo-calc-none"
+    runner = ScriptedTurnRunner(patches={f"agent-dev-00{i}": DOES_NOT_APPLY for i in (1, 2, 3)})
+    storage = tmp_path / "storage"
+    defs = dg.Definitions(
+        assets=deliberation_assets,
+        jobs=[build_deliberation_job()],
+        resources={
+            "turn_runner": runner,
+            "council": CouncilResource(repos=ReposConfig(root=str(workspaces))),
+            "io_manager": DomainIOManager(base_path=str(storage)),
+            "nats": nats_resource,
+        },
+    )
+    (tmp_path / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
+        result = defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
+            run_config=deliberation_run_config(repo_task_fields(CASE, source, agents=3, rounds=0)),
+            instance=instance,
+            partition_key=task_id,
+        )
+    assert result.success
+    decision: Decision = read_stored(str(storage), "decision", task_id)
+    assert decision.status == "COMPLETED" and decision.winner_id is not None
+    assert decision.reasons[0].startswith("no candidate's patch applied to ")
+    assert decision.winner_patch == ""
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    assert not checks["winner_passes_checks"].passed
+    assert "patch_applies = 0.00" in checks["winner_passes_checks"].description
+    cli = CliRunner().invoke(fleet_cli, ["result", task_id], env={"FLEET_STORAGE_PATH": str(storage)})
+    assert cli.exit_code == 0, cli.output
+    assert "no candidate's patch applied to " in cli.output
+
+
 def streamed(nats_resource, task_id: str, agent_id: str) -> list[dict]:
     """The chunks of an agent's proposal turn on vllm.streaming.{task_id}, in stream order."""
 

@@ -5,10 +5,12 @@ command that forks or hangs is bounded like any sandboxed run. Real git, real sa
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -193,7 +195,10 @@ def test_a_test_command_that_hangs_or_forks_is_bounded(tmp_path, root, program, 
 
 @needs_sandbox
 def test_a_patch_cannot_write_outside_the_sandboxed_copy(tmp_path, root):
-    source = make_repo(tmp_path / "src", {"a.py": "x = 1\n", "tests/test_a.py": "def test_a():\n    pass\n"})
+    source = make_repo(
+        tmp_path / "src",
+        {"a.py": "x = 1\n", "tests/test_a.py": "from a import x\n\n\ndef test_a():\n    assert x == 1\n"},
+    )
     ws = prepare_workspace("escape", RepoSpec(url=str(source)), root)
     outside = tmp_path / "escaped.txt"
     escape = f"--- /dev/null\n+++ b/../../../../..{outside}\n@@ -0,0 +1 @@\n+escaped\n"
@@ -203,14 +208,13 @@ def test_a_patch_cannot_write_outside_the_sandboxed_copy(tmp_path, root):
         "import contextlib",
         "with contextlib.suppress(OSError):",
         f"    open({str(outside)!r}, 'w').write('x')",
-        "open('/mnt/repo/a.py', 'w').write('y')",  # read-only: raises, the test fails
+        "open('/mnt/repo/a.py', 'w').write('y')",  # read-only: raises, the import fails
     ]
-    added = "".join(f"+    {line}\n" for line in body)
-    writer = (
-        f"--- a/tests/test_a.py\n+++ b/tests/test_a.py\n@@ -1,2 +1,5 @@\n def test_a():\n-    pass\n{added}"
-    )
+    added = "".join(f"+{line}\n" for line in body)
+    writer = f"--- a/a.py\n+++ b/a.py\n@@ -1 +1,5 @@\n{added} x = 1\n"
     evidence = score_patch(ws, writer)
     assert evidence.applies and evidence.tests is not None and evidence.tests.status == "failed"
+    assert "Read-only file system" in evidence.tests.first_failure
     assert not outside.exists()
     assert (Path(ws.path) / "a.py").read_text() == "x = 1\n"  # the workspace is read-only in there
 
@@ -219,14 +223,21 @@ def test_a_patch_cannot_write_outside_the_sandboxed_copy(tmp_path, root):
 def test_declared_dependencies_are_installed_once_into_a_read_only_environment(tmp_path, root):
     """The repository's requirements.txt (six, from the package index: the one step with network)
     lands in the workspace's environment, which every sandboxed run mounts read-only."""
-    test = "import six\n\n\ndef test_six():\n    assert six.PY3\n"
-    source = make_repo(tmp_path / "src", {"requirements.txt": "six\n", "tests/test_six.py": test})
+    test = "import six\n\nfrom uses import py3\n\n\ndef test_six():\n    assert six.PY3 and py3()\n"
+    files = {
+        "requirements.txt": "six\n",
+        "tests/test_six.py": test,
+        "uses.py": "import six\n\n\ndef py3():\n    return six.PY3\n",
+    }
+    source = make_repo(tmp_path / "src", files)
     ws = prepare_workspace("deps", RepoSpec(url=str(source)), root)
     assert ws.dependencies == ["six"]
     assert ws.baseline is not None and ws.baseline.status == "passed" and ws.baseline.passed == 1
     env = Path(ws.env_path)
     assert (env / "six.py").exists() and (env / "pytest").is_dir()  # the test runner, copied from here
     assert not os.stat(env / "six.py").st_mode & 0o222
+    fine = score_patch(ws, diff("notes.txt", None, "x\n"))  # the code under test imports six too
+    assert fine.tests is not None and (fine.tests.status, fine.tests.passed) == ("passed", 1), fine.tests
     again = prepare_workspace("deps", RepoSpec(url=str(source)), root)  # same commit: built once
     assert (
         again.env_path == ws.env_path
@@ -235,11 +246,12 @@ def test_declared_dependencies_are_installed_once_into_a_read_only_environment(t
 
 
 @needs_sandbox
-def test_a_patch_that_forges_the_repositorys_own_tests_still_fails_the_hidden_ones(tmp_path, root):
-    """A conftest.py and a sitecustomize.py that exit 0 end the repository's own test command
-    with status 0 but no pytest report, which its unpatched run gave: an error, not a pass. The
-    hidden tests run isolated (their own configuration, no conftest, no start-up hooks of the
-    patch's) and still fail on the unfixed bug."""
+def test_a_patch_that_forges_the_repositorys_own_tests_still_fails_them(tmp_path, root):
+    """A conftest.py, a sitecustomize.py and a pytest.py that exit 0 (they ended the repository's
+    test command with status 0 once): none of them is the base commit's, so none runs where the
+    tests are counted (the base's configuration, no site, the standard library and the
+    environment ahead of the repository); the counted tests fail on the unfixed bug and the
+    patch is flagged for touching what judges it."""
     source = make_repo(
         tmp_path / "src",
         {
@@ -254,18 +266,18 @@ def test_a_patch_that_forges_the_repositorys_own_tests_still_fails_the_hidden_on
     )
     hidden = "from calc import add\n\n\ndef test_add_hidden():\n    assert add(1, 1) == 2\n"
     evidence = score_patch(ws, forge, hidden)
-    assert ws.baseline is not None and ws.baseline.counted
-    assert evidence.applies and evidence.tests is not None and evidence.tests.status == "error"
-    assert evidence.tests.first_failure.startswith("no test report: the run exited (0)")
+    assert evidence.applies and evidence.tests is not None and evidence.tests.status == "failed"
+    assert (evidence.tests.passed, evidence.tests.failed) == (0, 1)
     assert evidence.hidden is not None and evidence.hidden.status == "failed"
     assert (evidence.hidden.passed, evidence.hidden.failed) == (0, 1)
+    assert [f.split(":")[0] for f in evidence.flags] == ["conftest.py", "pytest.py", "sitecustomize.py"]
 
 
 @needs_sandbox
 def test_code_under_test_that_exits_0_on_import_passes_no_tests(tmp_path, root):
-    """The patched module ends the process with status 0 as the tests import it: neither the
-    repository's tests nor the hidden ones wrote a report, so both are errors and the patch's
-    tests check is 0 (it was 1.0: the exit status alone said "passed")."""
+    """The patched module ends its process with status 0 as the tests import it: that process is
+    the code process, not the tests', so every counted test fails (the tests check was 1.0 when
+    the exit status said "passed")."""
     from fleet_pipelines.domain.models import Task
     from fleet_pipelines.workspace.checks import patch_checks
 
@@ -284,11 +296,116 @@ def test_code_under_test_that_exits_0_on_import_passes_no_tests(tmp_path, root):
     hidden = "from calc import add\n\n\ndef test_add_hidden():\n    assert add(1, 1) == 2\n"
     evidence = score_patch(ws, exit0, hidden)
     assert evidence.applies and evidence.tests is not None and evidence.hidden is not None
-    assert (evidence.tests.status, evidence.hidden.status) == ("error", "error")
-    assert "no test report" in evidence.hidden.first_failure
+    assert (evidence.tests.status, evidence.hidden.status) == ("failed", "failed")
+    assert evidence.tests.passed == evidence.hidden.passed == 0
+    assert "the code under test is gone: exit code 0" in evidence.hidden.first_failure
     task = Task.from_fields("exit0", {"description": "Fix add.", "role": "DEV", "tests": hidden})
     checks = {c.name: c for c in patch_checks(ws, task, f"```diff\n{exit0}```", RepoRunLimits())}
     assert checks["patch_applies"].value == 1.0 and checks["tests"].value == 0.0
+
+
+@needs_sandbox
+def test_a_test_that_needs_an_object_of_the_code_cannot_cross_and_never_counts_as_passed(tmp_path, root):
+    """Plain values and the repository's exception classes cross the boundary; an instance does
+    not. The base commit's run finds the test that needs one; it counts as not passed for every
+    patch, and the evidence says why (its in-process result would be the code's to write)."""
+    from fleet_pipelines.domain.models import Task
+    from fleet_pipelines.workspace.checks import patch_checks
+
+    calc = textwrap.dedent(
+        """
+        class ParseError(ValueError):
+            pass
+
+
+        def parse(text):
+            if not text.isdigit():
+                raise ParseError(text)
+            return int(text) + 1
+
+
+        class Counter:
+            def __init__(self):
+                self.n = 0
+
+            def bump(self):
+                self.n += 1
+                return self.n
+        """
+    )
+    tests = textwrap.dedent(
+        """
+        import pytest
+
+        from calc import Counter, ParseError, parse
+
+
+        def test_parse():
+            assert parse("4") == 4
+
+
+        def test_parse_rejects():
+            with pytest.raises(ParseError, match="x"):
+                parse("x")
+
+
+        def test_counter():
+            assert Counter().bump() == 1
+        """
+    )
+    source = make_repo(tmp_path / "src", {"calc.py": calc, "tests/test_calc.py": tests})
+    ws = prepare_workspace("objects", RepoSpec(url=str(source)), root)
+    fix = diff("calc.py", calc, calc.replace("int(text) + 1", "int(text)"))
+    task = Task.from_fields("objects", {"description": "Fix parse.", "role": "DEV"})
+    checks = {c.name: c for c in patch_checks(ws, task, f"```diff\n{fix}```", RepoRunLimits())}
+    assert checks["tests"].value == round(2 / 3, 4), checks["tests"]
+    assert "1 need objects of the code under test" in checks["tests"].evidence
+    evidence = score_patch(ws, fix)
+    assert evidence.tests is not None and evidence.tests.cannot_cross == ["tests/test_calc.py::test_counter"]
+    assert (evidence.tests.passed, evidence.tests.failed) == (2, 1)
+
+
+@needs_sandbox
+def test_hidden_tests_of_a_name_the_base_lacks_still_count(tmp_path, root):
+    """A task that asks for a new function: on the base commit its hidden tests cannot even be
+    collected, so what counts is read from their source. The patch that adds it passes them; one
+    that adds nothing fails them (they never report): they never drop out of the count."""
+    source = make_repo(tmp_path / "src", {"calc.py": CALC, "tests/test_calc.py": VISIBLE.replace("5", "-1")})
+    ws = prepare_workspace("feature", RepoSpec(url=str(source)), root)
+    hidden = "from calc import sub\n\n\ndef test_sub():\n    assert sub(3, 1) == 2\n"
+    adds = diff("calc.py", CALC, CALC + "\n\ndef sub(a, b):\n    return a - b\n")
+    evidence = score_patch(ws, adds, hidden)
+    assert evidence.hidden is not None and (evidence.hidden.passed, evidence.hidden.failed) == (1, 0)
+    assert evidence.tests is not None and evidence.tests.status == "passed"
+    nothing = diff("calc.py", CALC, CALC.replace("Tiny", "Small"))
+    evidence = score_patch(ws, nothing, hidden)
+    assert evidence.hidden is not None and (evidence.hidden.passed, evidence.hidden.failed) == (0, 1)
+    assert "test_fleet_hidden.py::test_sub: not reported" in evidence.hidden.first_failure
+
+
+@needs_sandbox
+def test_a_package_that_holds_its_own_tests_is_judged_across_the_boundary(tmp_path, root):
+    """Tests inside the package (`mypkg/tests/test_core.py`, a conftest.py in it) are the base
+    commit's files, imported by the test process; the package's code stays behind the boundary."""
+    core = "def double(x):\n    return x + x + 1\n"
+    files = {
+        "mypkg/__init__.py": "",
+        "mypkg/core.py": core,
+        "mypkg/conftest.py": "import pytest\n\n\n@pytest.fixture\ndef two():\n    return 2\n",
+        "mypkg/tests/__init__.py": "",
+        "mypkg/tests/helpers.py": "FOUR = 4\n",
+        "mypkg/tests/test_core.py": (
+            "from mypkg.core import double\n\nfrom .helpers import FOUR\n\n\n"
+            "def test_double(two):\n    assert double(two) == FOUR\n\n\n"
+            "def test_zero():\n    assert double(0) == 0\n"
+        ),
+    }
+    source = make_repo(tmp_path / "src", files)
+    ws = prepare_workspace("package", RepoSpec(url=str(source)), root)
+    assert ws.baseline is not None and (ws.baseline.passed, ws.baseline.failed) == (0, 2)
+    fixed = score_patch(ws, diff("mypkg/core.py", core, core.replace(" + 1", "")))
+    assert fixed.tests is not None and (fixed.tests.passed, fixed.tests.failed) == (2, 0), fixed.tests
+    assert fixed.tests.status == "passed"
 
 
 def test_retention_removes_a_tasks_read_only_workspaces(tmp_path, root):
@@ -299,3 +416,433 @@ def test_retention_removes_a_tasks_read_only_workspaces(tmp_path, root):
     history = HistoryResource(base_path=str(tmp_path), max_age_seconds=1, workspaces_dir=str(root))
     assert history.remove_workspace("gone-1") and not (root / "gone-1").exists()
     assert not history.remove_workspace("gone-1") and not history.remove_workspace("never")
+
+
+# --- forged verdicts: patches that try to write their own score ---
+#
+# A small repository (calc.py with a bug in `add`; one visible test failing on it, one passing; two
+# hidden tests on `add`). Each forgery leaves `add` wrong and tries to pass anyway; each must score
+# no higher on the tests check, and get no better verdict or selector key, than the honest wrong
+# patch, in every identity of the sandbox suite (test_sandbox_hostile.py). The honest fix scores 1.
+
+CALC = '"""Tiny arithmetic."""\n\n\ndef add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n'
+VISIBLE = (
+    "from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+    "def test_mul():\n    assert mul(2, 3) == 6\n"
+)
+HIDDEN = (
+    "from calc import add\n\n\ndef test_add_negative():\n    assert add(-2, -3) == -5\n\n\n"
+    "def test_add_order():\n    assert add(4, 1) == 5\n"
+)
+_HOSTILE_DRIVER = textwrap.dedent(
+    """
+    import dataclasses, json, sys
+    from fleet_pipelines.sandbox import run as sandbox
+
+    fields = {f.name for f in dataclasses.fields(sandbox.SandboxLimits)}
+    print(json.dumps(sandbox.isolation_available()), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        limits = sandbox.SandboxLimits(**{k: v for k, v in req["limits"].items() if k in fields})
+        result = sandbox.run_python(req["source"], limits, req["files"], req["mounts"], tuple(req["tools"]))
+        print(json.dumps(dataclasses.asdict(result)), flush=True)
+    """
+)
+
+
+def diff(path: str, old: str | None, new: str | None) -> str:
+    """A unified diff (git apply's format) turning `old` into `new` at `path` (None: no file)."""
+    import difflib
+
+    lines = difflib.unified_diff(
+        (old or "").splitlines(keepends=True),
+        (new or "").splitlines(keepends=True),
+        "/dev/null" if old is None else f"a/{path}",
+        "/dev/null" if new is None else f"b/{path}",
+    )
+    return "".join(lines)
+
+
+def calc_with(prelude: str = "", body: str = "    return a - b\n") -> str:
+    """calc.py with `prelude` at the top and `add`'s body replaced (still wrong unless told)."""
+    return CALC.replace("    return a - b\n", body).replace(
+        '"""Tiny arithmetic."""\n', f'"""Tiny arithmetic."""\n{prelude}'
+    )
+
+
+ATEXIT = """
+import atexit, glob, os, re, sys
+
+
+def _forge():
+    for path in glob.glob("/work/**/*.xml", recursive=True, include_hidden=True):
+        text = re.sub(r"<(failure|error)\\b.*?</(failure|error)>", "", open(path).read(), flags=re.S)
+        open(path, "w").write(re.sub(r'(failures|errors)="\\d+"', r'\\1="0"', text))
+    sys.stdout.write("FLEET-JOB-REPORT {}\\n")
+    os._exit(0)
+
+
+atexit.register(_forge)
+"""
+STACK_BODY = """    import inspect, re
+
+    for frame in inspect.stack():
+        for line in frame.code_context or ():
+            found = re.search(r"add\\((.*?)\\)\\s*==\\s*(-?\\d+)", line)
+            if found:
+                return int(found.group(2))
+    return a - b
+"""
+WRAP_REPORT = """
+try:
+    from _pytest import reports as _reports
+
+    _original = _reports.TestReport.from_item_and_call.__func__
+
+    def _forged(cls, item, call):
+        report = _original(cls, item, call)
+        report.outcome, report.longrepr = "passed", None
+        return report
+
+    _reports.TestReport.from_item_and_call = classmethod(_forged)
+except ImportError:
+    pass
+"""
+PLUGIN = """import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome, report.longrepr = "passed", None
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.skip(reason="forged"))
+"""
+PPRINT = (  # the real pprint's names, and TestReport wrapped as soon as pytest imports it
+    "import importlib.machinery, importlib.util, sys, sysconfig\n"
+    "_path = sysconfig.get_paths()['stdlib'] + '/pprint.py'\n"
+    "_spec = importlib.util.spec_from_file_location('_real_pprint', _path)\n"
+    "_real = importlib.util.module_from_spec(_spec)\n_spec.loader.exec_module(_real)\n"
+    "globals().update({k: v for k, v in vars(_real).items() if not k.startswith('__')})\n"
+    + textwrap.dedent(
+        """
+        def _wrap(reports):
+            original = reports.TestReport.from_item_and_call.__func__
+
+            def forged(cls, item, call):
+                report = original(cls, item, call)
+                report.outcome, report.longrepr = "passed", None
+                return report
+
+            reports.TestReport.from_item_and_call = classmethod(forged)
+
+
+        class _Hook:
+            def find_spec(self, name, path=None, target=None):
+                if name != "_pytest.reports":
+                    return None
+                sys.meta_path.remove(self)
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+                run = spec.loader.exec_module
+
+                def exec_module(module):
+                    run(module)
+                    _wrap(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+
+
+        if "_pytest.reports" in sys.modules:
+            _wrap(sys.modules["_pytest.reports"])
+        else:
+            sys.meta_path.insert(0, _Hook())
+        """
+    )
+)
+DAEMON = """
+import os, sys, time
+
+FIXED = open(__file__).read().replace("return a - b", "return a + b").split("# --fork--")[0]
+if os.environ.get("FLEET_FORGED") is None and os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.environ["FLEET_FORGED"] = "1"
+        for _ in range(600):
+            for directory, _dirs, files in os.walk("/work"):
+                for name in files:
+                    path = os.path.join(directory, name)
+                    try:
+                        if name == "calc.py":
+                            open(path, "w").write(FIXED)
+                        elif name.startswith("test_") and name.endswith(".py"):
+                            open(path, "w").write("def test_forged():\\n    pass\\n")
+                        elif name.endswith(".xml"):
+                            open(path, "w").write('<testsuite tests="1"><testcase name="x"/></testsuite>')
+                    except OSError:
+                        pass
+            time.sleep(0.05)
+    os._exit(0)
+# --fork--
+"""
+LIAR = """
+
+class _Always(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+"""
+SNOOP_BODY = """    import glob, re
+
+    wanted = re.compile(r"add\\(\\s*" + re.escape(f"{a}, {b}") + r"\\s*\\)\\s*==\\s*(-?\\d+)")
+    places = ("/proc/*/cmdline", "/proc/*/environ", "/work/**/*", "/mnt/**/*", "/tmp/**/*", "/dev/shm/*")
+    for pattern in places:
+        for path in glob.glob(pattern, recursive=True):
+            try:
+                found = wanted.search(open(path, errors="replace").read())
+            except OSError:
+                continue
+            if found and "test_calc" not in path:
+                return int(found.group(1))
+    return a - b
+"""
+EVIL_INI = "[pytest]\naddopts = -p evilplug\n"
+SITE = WRAP_REPORT.replace("try:", "import sys\ntry:")
+
+FORGERIES: dict[str, str] = {
+    # the issue's (#29)
+    "atexit rewrites the report, then _exit(0)": diff("calc.py", CALC, calc_with(ATEXIT)),
+    "inspect.stack() reads the calling test": diff("calc.py", CALC, calc_with(body=STACK_BODY)),
+    "wraps TestReport.from_item_and_call on import": diff("calc.py", CALC, calc_with(WRAP_REPORT)),
+    "a dist-info entry point loads a pytest plugin": diff(
+        "evilplug-1.0.dist-info/entry_points.txt", None, "[pytest11]\nevilplug = evilplug\n"
+    )
+    + diff("evilplug-1.0.dist-info/METADATA", None, "Metadata-Version: 2.1\nName: evilplug\nVersion: 1.0\n")
+    + diff("evilplug.py", None, PLUGIN),
+    "pprint.py at the root runs before pytest": diff("pprint.py", None, PPRINT),
+    "module-level pytest.skip (when the hidden tests import it)": diff(
+        "calc.py",
+        CALC,
+        calc_with(
+            "import inspect\nimport pytest\n\n"
+            "if any('hidden' in frame.filename for frame in inspect.stack()):\n"
+            '    pytest.skip("not today", allow_module_level=True)\n'
+        ),
+    ),
+    "the hidden skip, and the visible test rewritten to match the bug": diff(
+        "calc.py",
+        CALC,
+        calc_with(
+            "import inspect\nimport pytest\n\n"
+            "if any('hidden' in frame.filename for frame in inspect.stack()):\n"
+            '    pytest.skip("not today", allow_module_level=True)\n'
+        ),
+    )
+    + diff("tests/test_calc.py", VISIBLE, VISIBLE.replace("add(2, 3) == 5", "add(2, 3) == -1")),
+    "300 empty tests added": diff(
+        "tests/test_many.py", None, "".join(f"def test_{i}():\n    pass\n\n\n" for i in range(300))
+    ),
+    "the visible test edited to match the bug": diff(
+        "tests/test_calc.py", VISIBLE, VISIBLE.replace("add(2, 3) == 5", "add(2, 3) == -1")
+    ),
+    "a background process rewrites files for the next command": diff("calc.py", CALC, calc_with(DAEMON)),
+    # our own
+    "an int that equals everything": diff("calc.py", CALC, calc_with(LIAR, "    return _Always(a - b)\n")),
+    "reads the hidden tests wherever they might be": diff("calc.py", CALC, calc_with(body=SNOOP_BODY)),
+    "conftest.py, pytest.ini and a plugin at the root": diff("conftest.py", None, PLUGIN)
+    + diff("pytest.ini", None, EVIL_INI)
+    + diff("evilplug.py", None, PLUGIN),
+    "sitecustomize.py and a .pth file": diff("sitecustomize.py", None, SITE)
+    + diff("fleet.pth", None, "import sitecustomize\n"),
+    "kills every other process on import": diff(
+        "calc.py", CALC, calc_with("import os, signal\nos.kill(-1, signal.SIGKILL)\n")
+    ),
+    "stops the process that imports it": diff(
+        "calc.py", CALC, calc_with("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n")
+    ),
+    "skips the calling test from inside the call": diff(
+        "calc.py", CALC, calc_with(body='    import pytest\n\n    pytest.skip("later")\n')
+    ),
+    "renames the failing test's file away": (
+        "diff --git a/tests/test_calc.py b/tests/test_moved.py\nsimilarity index 100%\n"
+        "rename from tests/test_calc.py\nrename to tests/test_moved.py\n"
+    ),
+    "locks the work dir for the next command": diff(
+        "calc.py", CALC, calc_with("import os\nos.chmod('/work/repo', 0)\nos.chmod('/work', 0)\n")
+    ),
+    "pytest configuration in pyproject.toml deselects the failing test": diff(
+        "pyproject.toml",
+        None,
+        '[tool.pytest.ini_options]\naddopts = "--deselect tests/test_calc.py::test_add"\n',
+    ),
+}
+HONEST_WRONG = diff("calc.py", CALC, calc_with(body="    return b - a\n"))
+HONEST_FIX = diff("calc.py", CALC, calc_with(body="    return a + b\n"))
+FORGERY_LIMITS = RepoRunLimits(wall_s=90, cpu_s=60, command_timeout_s=15)
+
+
+class Judged:
+    """Patches judged in one identity, on the forgery repository's workspace."""
+
+    def __init__(self, identity: str, workspace, runs: bool):
+        self.identity = identity
+        self.workspace = workspace
+        self.runs = runs
+
+    def judge(self, patch: str):
+        from fleet_pipelines.domain.models import Task
+        from fleet_pipelines.evaluation.repo_problems import patch_candidate
+        from fleet_pipelines.workspace.checks import evidence_checks
+
+        evidence = score_patch(self.workspace, patch, HIDDEN, FORGERY_LIMITS)
+        task = Task.from_fields("forge", {"description": "Fix add.", "role": "DEV", "tests": HIDDEN})
+        checks = {c.name: c for c in evidence_checks(self.workspace, task, True, evidence)}
+        return evidence, checks, patch_candidate("a1", evidence)
+
+
+def _repo_driver(no_caps: bool, procs: list[Path]) -> subprocess.Popen:
+    from tests.integration.test_sandbox_hostile import (
+        NOBODY,
+        ROOT_WITHOUT_CAPS,
+        SYSTEM_PYTHON,
+        nobody_pythonpath,
+    )
+
+    def join() -> None:
+        for file in procs:
+            file.write_text(str(os.getpid()))
+
+    drop = [
+        "setpriv",
+        f"--reuid={NOBODY}",
+        f"--regid={NOBODY}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+    ]
+    return subprocess.Popen(
+        [*(ROOT_WITHOUT_CAPS if no_caps else drop), SYSTEM_PYTHON, "-c", _HOSTILE_DRIVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": nobody_pythonpath()},
+        cwd="/",
+        preexec_fn=join,
+    )
+
+
+@pytest.fixture(scope="module", params=["root", "no capabilities", "root, empty bounding set"])
+def judged(request) -> Iterator[Judged]:
+    """The forgery repository, prepared and judged as one identity: this process as root, or a
+    driver process (uid 65534 without capabilities in a delegated cgroup; root with an empty
+    bounding set) that runs each of the repository job's sandboxes."""
+    import dataclasses
+    import shutil
+    import tempfile
+    from contextlib import ExitStack
+
+    from fleet_pipelines.sandbox import SandboxResult
+    from fleet_pipelines.workspace import runs
+    from fleet_pipelines.workspace.checkout import make_writable
+
+    if not isolation_available()[0]:
+        pytest.fail("the forgery suite needs the bubblewrap sandbox")
+    root = Path(tempfile.mkdtemp(prefix="fleet-forgery-"))
+    os.chmod(root, 0o755)
+    with ExitStack() as stack, pytest.MonkeyPatch.context() as patch:
+        runs_anything = request.param != "root, empty bounding set"
+        if request.param != "root":
+            from tests.integration.test_sandbox_hostile import NOBODY, delegated_cgroups
+
+            procs = [] if not runs_anything else stack.enter_context(delegated_cgroups(NOBODY))
+            driver = _repo_driver(not runs_anything, procs)
+            stack.callback(driver.wait, 30)
+            stack.callback(driver.stdin.close)
+            ok, why = json.loads(driver.stdout.readline())
+            assert ok == runs_anything, why
+
+            def run_python(source, limits, files=None, mounts=None, tools=()):
+                tools = tuple(t for t in tools if sandbox_readable(t))
+                request_line = {
+                    "source": source,
+                    "limits": dataclasses.asdict(limits),
+                    "files": files or {},
+                    "mounts": mounts or {},
+                    "tools": list(tools),
+                }
+                driver.stdin.write(json.dumps(request_line) + "\n")
+                driver.stdin.flush()
+                return SandboxResult(**json.loads(driver.stdout.readline()))
+
+            patch.setattr(runs, "run_python", run_python)
+        source = make_repo(root / "src", {"calc.py": CALC, "tests/test_calc.py": VISIBLE})
+        workspace = prepare_workspace(
+            f"forgery-{request.param.replace(' ', '-').replace(',', '')}",
+            RepoSpec(url=str(source)),
+            root / "ws",
+            run_limits=FORGERY_LIMITS,
+        )
+        try:
+            yield Judged(request.param, workspace, runs_anything)
+        finally:
+            make_writable(root)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def sandbox_readable(path: str) -> bool:
+    """Whether uid 65534 can run a tool (ruff in a virtualenv under /root cannot be bound)."""
+    from fleet_pipelines.sandbox.setup import _readable_by_others
+
+    return _readable_by_others(os.path.realpath(path))
+
+
+def test_the_honest_fix_scores_1_and_the_honest_wrong_patch_a_quarter(judged: Judged):
+    fixed, fixed_checks, fixed_candidate = judged.judge(HONEST_FIX)
+    wrong, wrong_checks, wrong_candidate = judged.judge(HONEST_WRONG)
+    if not judged.runs:
+        assert fixed.not_run and wrong.not_run and fixed_checks["tests"].not_run
+        return
+    assert fixed_checks["tests"].value == 1.0 and fixed_checks["patch_scope"].value == 1.0, fixed_checks[
+        "tests"
+    ]
+    assert fixed_candidate.passed and fixed_candidate.examples_passed == 2
+    assert wrong_checks["tests"].value == 0.25, wrong_checks["tests"]
+    assert not wrong_candidate.passed and wrong_candidate.examples_passed == 1
+
+
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_a_forged_verdict_scores_no_higher_than_the_honest_wrong_patch(judged: Judged, name: str):
+    forged, checks, candidate = judged.judge(FORGERIES[name])
+    if not judged.runs:
+        assert forged.not_run and checks["tests"].not_run and checks["tests"].value is None
+        return
+    tests = checks["tests"]
+    assert tests.value is not None and tests.value <= 0.25, (tests.evidence, tests.output)
+    assert not tests.forgeable
+    assert not candidate.passed and candidate.hidden_status != "passed", candidate
+    assert candidate.examples_passed <= 1 and candidate.examples_total <= 2, candidate
+    if name != "kills every other process on import":  # that one ends the job itself: no report, 0
+        assert forged.applies, forged.apply_output  # the job outlives whatever the patch did
+        assert forged.hidden is not None and forged.hidden.passed == 0, forged.hidden
+    if name in FLAGGED:
+        assert checks["patch_scope"].value == 0.0 and forged.flags, checks["patch_scope"]
+
+
+FLAGGED = {
+    "the hidden skip, and the visible test rewritten to match the bug",
+    "renames the failing test's file away",
+    "a dist-info entry point loads a pytest plugin",
+    "pprint.py at the root runs before pytest",
+    "300 empty tests added",
+    "the visible test edited to match the bug",
+    "conftest.py, pytest.ini and a plugin at the root",
+    "sitecustomize.py and a .pth file",
+    "pytest configuration in pyproject.toml deselects the failing test",
+}
