@@ -15,6 +15,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
 from .domain.council import CouncilSettings
+from .domain.tools import ToolProtocol
 from .events.options import ConnectOptions, StreamOptions
 from .history.options import RetentionOptions
 from .llm.local_server import MODEL_NAME
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from .events.options import ConnectOptions
     from .resources.council import CouncilResource
     from .resources.events import NatsResource
+    from .resources.repos import ReposResource
 
 DEFAULT_LLM_URL = "http://127.0.0.1:8080/v1"
 DEFAULT_TIMEOUT_SECONDS = 300.0
@@ -72,6 +74,7 @@ class FleetSettings(BaseModel):
     llm_api_key_set: bool = Field(default=False, description=f"{LLM_API_KEY} is set (read via dg.EnvVar).")
     max_tokens: int | None = _supplies(CouncilSettings, "max_tokens", "FLEET_MAX_TOKENS")
     engine_slots: int | None = _supplies(EngineSettings, "slots", "FLEET_ENGINE_SLOTS")
+    tool_protocol: ToolProtocol = _supplies(EngineSettings, "tool_protocol", "FLEET_TOOL_PROTOCOL")
     engine_backend: Literal["openai", "vllm_actor"] = Field(
         default="openai", validation_alias=_env("FLEET_ENGINE_BACKEND")
     )
@@ -255,13 +258,17 @@ class FleetSettings(BaseModel):
     def council(self, councils_file: str | None = None) -> CouncilResource:
         """The council resource; `councils_file` in place of FLEET_COUNCILS_FILE's."""
         from .resources.council import CouncilResource
-        from .resources.repos import ReposConfig
 
         return CouncilResource(
             max_tokens=self.max_tokens,
             councils_file=councils_file or self.councils_file,
-            repos=ReposConfig(root=self.workspaces_dir, push_remote=self.push_remote),
         )
+
+    def repos(self) -> ReposResource:
+        """The repos resource: workspaces, tools and the push of repository tasks."""
+        from .resources.repos import ReposResource
+
+        return ReposResource(root=self.workspaces_dir, push_remote=self.push_remote)
 
     def resources(self) -> dict[str, object]:
         """Every resource of the code location."""
@@ -283,6 +290,7 @@ class FleetSettings(BaseModel):
                 "cpu_kvcache_space_gib": self.vllm_cpu_kvcache_gib,
                 "cache_root": self.vllm_cache_root,
                 "max_num_seqs": self.vllm_max_num_seqs,
+                "tool_protocol": self.tool_protocol,
             }
             vllm = VLLMActorConfig(
                 model=self.vllm_model,
@@ -296,6 +304,7 @@ class FleetSettings(BaseModel):
                 model=self.llm_model,
                 api_key=dg.EnvVar(LLM_API_KEY) if self.llm_api_key_set else None,
                 slots=self.engine_slots,
+                tool_protocol=self.tool_protocol,
             ),
             vllm_actor=vllm,
         )
@@ -311,6 +320,7 @@ class FleetSettings(BaseModel):
             ),
             "turn_runner": RayTurnRunner(engine=engine, ray_cluster=ray),
             "council": self.council(),
+            "repos": self.repos(),
             "io_manager": DomainIOManager(base_path=self.storage),
             "frames_io_manager": ParquetIOManager(base_path=self.storage),
             "history": HistoryResource(

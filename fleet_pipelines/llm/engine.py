@@ -221,7 +221,7 @@ class ChatEngine:
         start = time.perf_counter()
         opening = self._client.chat.completions.create(
             model=s.model,
-            messages=[m.model_dump() for m in messages],
+            messages=[m.wire() for m in messages],
             temperature=temperature,
             max_tokens=max_tokens,
             stop=stop or openai.NOT_GIVEN,

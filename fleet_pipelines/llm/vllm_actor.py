@@ -157,7 +157,7 @@ class VLLMActorEngine:
                 self._loaded = True
             start = time.perf_counter()
             deltas = self._actor.stream.options(num_returns="streaming").remote(
-                [m.model_dump() for m in messages], temperature, max_tokens, stop, response_schema, tools
+                [m.wire() for m in messages], temperature, max_tokens, stop, response_schema, tools
             )
         except (RayError, TimeoutError) as exc:
             raise EngineError(type(exc).__name__, f"vLLM engine actor not available: {exc}", 1) from exc

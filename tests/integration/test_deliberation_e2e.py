@@ -166,14 +166,14 @@ def test_a_repository_task_with_the_real_engine_never_fails(stack_env, dagster_i
     from fleet_pipelines.domain.tools import StepBudget
     from fleet_pipelines.evaluation.repo_suite import REPO_CASES, create_repo, repo_task_fields
     from fleet_pipelines.resources.council import CouncilResource
-    from fleet_pipelines.resources.repos import ReposConfig
+    from fleet_pipelines.resources.repos import ReposResource
     from fleet_pipelines.workspace.checkout import make_writable
 
     root = Path(tempfile.mkdtemp(prefix="fleet-e2e-ws-"))
     os.chmod(root, 0o755)
     council = stack_env["council"]
-    repos = ReposConfig(root=str(root))
-    resources = {**stack_env, "council": CouncilResource(max_tokens=council.max_tokens, repos=repos)}
+    repos = ReposResource(root=str(root))
+    resources = {**stack_env, "council": CouncilResource(max_tokens=council.max_tokens), "repos": repos}
     case = REPO_CASES[0]
     try:
         fields = repo_task_fields(case, create_repo(case, tmp_path / "calc"), agents=2, rounds=1)

@@ -25,6 +25,7 @@ from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.io import DomainIOManager
 from fleet_pipelines.resources.ray_cluster import RayCluster
+from fleet_pipelines.resources.repos import ReposResource
 from fleet_pipelines.resources.turns import RayTurnRunner
 from tests.scripted import ScriptedTurnRunner, recorded
 
@@ -109,6 +110,7 @@ def run(tmp_path: Path, nats_url: str, councils_file: str, fields: dict, log: Pa
         resources={
             "turn_runner": ScriptedTurnRunner(code="def f(x):\n    return x", record_to=str(log)),
             "council": CouncilResource(councils_file=councils_file),
+            "repos": ReposResource(),
             "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
             "nats": NatsResource(url=nats_url),
         },
@@ -274,6 +276,7 @@ def test_the_council_is_convened_once_per_run_and_a_file_changed_mid_run_does_no
         resources={
             "turn_runner": runner,
             "council": CouncilResource(councils_file=str(path)),
+            "repos": ReposResource(),
             "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
             "nats": NatsResource(url=nats_server),
         },
