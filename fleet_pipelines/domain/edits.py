@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-MAX_EDITS = 8  # edits in one answer
+MAX_EDITS = 4  # edits in one schema-constrained answer (a small model repeats itself to the token limit)
 MAX_ENUM_LINES = 600  # a schema lists at most this many lines to search for (over all files)
 MAX_SCHEMA_FILES = 40  # files a schema-constrained answer may edit (the first given: code first)
-MAX_REPLACE_CHARS = 1_200
-MAX_RATIONALE_CHARS = 400
+MAX_REPLACE_CHARS = 600
+MAX_RATIONALE_CHARS = 300
 
 _BLOCK = re.compile(
     r"(?:^|\n)(?:```[^\n]*\n)?(?P<path>[^\n<>=`]+?)[ \t]*\n(?:```[^\n]*\n)?"

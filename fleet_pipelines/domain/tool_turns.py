@@ -7,9 +7,11 @@ batches: all turns waiting for the engine go together. Tool calls run through `e
 sandbox, against the read-only workspace). A reply with no call is the answer: its edits
 (search/replace blocks, or the `json` protocol's edit list) are checked against `files` (the
 checkout's texts). An edit that does not match is answered, like a tool call, with which edit and
-why, while the budget lasts; the answer that stands carries the unified diff the system built in a
-```diff block (a unified diff the model wrote itself stays as it is). The finished turn's result
-carries that answer, every tool step, and the tokens and engine time of all its calls.
+why, while the budget lasts and the answer changes (the same refused answer twice stands); the
+answer that stands carries the unified diff the system built in a ```diff block (a unified diff
+the model wrote itself stays as it is). The finished turn's result carries that answer, every tool
+step, and the tokens and engine time of all its calls. Schema-constrained answers (`json`) edit
+the code files, not the tests the patch is judged by (tests only when there is nothing else).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .tools import (
     results_message,
     tools_instruction,
 )
-from .workspace import extract_patch, rationale_of
+from .workspace import extract_patch, is_test_path, rationale_of
 
 TOOL_KINDS = frozenset({TurnKind.PROPOSE, TurnKind.REVISE})  # turns that write a patch
 EDIT_STEP = "edit"  # the tool step of an answer whose edits did not all match
@@ -43,9 +45,17 @@ Execute = Callable[[str, dict], str]
 OnStep = Callable[[TurnRequest, ToolStep], None]
 
 
-def turn_schema(files: Mapping[str, str]) -> dict:
-    """The JSON schema of every reply of a `json` turn: a tool call, or the answer's edits."""
-    return {"anyOf": [*json_call_schema(files), answer_schema(files)]}
+def editable(files: Mapping[str, str]) -> dict[str, str]:
+    """The files a schema-constrained answer edits: the code, not the tests it is judged by
+    (all files when there is nothing else)."""
+    code = {p: t for p, t in files.items() if not is_test_path(p)}
+    return code or dict(files)
+
+
+def turn_schema(files: Mapping[str, str], read: frozenset[str] = frozenset()) -> dict:
+    """The JSON schema of a reply of a `json` turn: a tool call (reading a file not `read` yet),
+    or the answer's edits (of the code files)."""
+    return {"anyOf": [*json_call_schema(files, read), answer_schema(editable(files))]}
 
 
 def with_tools(
@@ -58,7 +68,7 @@ def with_tools(
     messages[-1] = Message(role=last.role, content=f"{last.content}\n\n{tools_instruction(protocol)}")
     update: dict = {"messages": messages}
     if protocol == "json":
-        update["response_schema"] = turn_schema(files) if offer else answer_schema(files)
+        update["response_schema"] = turn_schema(files) if offer else answer_schema(editable(files))
     elif offer and protocol == "openai":
         update["tools"] = [t.openai() for t in TOOLS]
     elif offer:
@@ -70,7 +80,7 @@ def without_calls(request: TurnRequest, protocol: ToolProtocol, files: Mapping[s
     """The request once the calls are spent: the model must answer."""
     update: dict = {"stop": [s for s in request.stop if s != TOOL_CALL_CLOSE], "tools": None}
     if protocol == "json":
-        update["response_schema"] = answer_schema(files)
+        update["response_schema"] = answer_schema(editable(files))
     return request.model_copy(update=update)
 
 
@@ -83,6 +93,7 @@ class _Turn:
         self.latency_ms = self.queue_ms = self.tool_ms = 0.0
         self.calls = 0
         self.started = time.monotonic()
+        self.last_refusal = ""  # why the last answer's edits were refused
 
     def absorb(self, result: TurnResult) -> None:
         self.calls += 1
@@ -208,7 +219,9 @@ def tool_turns(
                     content, why = result.content, f"error: {broken}"
                 else:
                     content, why = answer_patch(protocol, result.content, answer, texts)
-                if not why or not can_go_on:
+                repeated = why and why == turn.last_refusal  # the same answer again: no progress
+                turn.last_refusal = why
+                if not why or not can_go_on or repeated:
                     final[i] = finish(turn, result, content)
                     continue
                 step = ToolStep(name=EDIT_STEP, arguments={"answer": result.content[:200]}, output=why)
@@ -254,6 +267,9 @@ def tool_turns(
         )
         if budget.max_tool_calls - len(turn.steps) <= 0:
             request = without_calls(request, protocol, texts)
+        elif protocol == "json":
+            read = frozenset(str(s.arguments.get("path")) for s in turn.steps if s.name == "read_file")
+            request = request.model_copy(update={"response_schema": turn_schema(texts, read)})
         return request
 
     return run

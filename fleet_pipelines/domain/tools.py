@@ -167,10 +167,11 @@ def render_call(name: str, arguments: str | dict, call_id: str = "") -> str:
     return f"{TOOL_CALL_OPEN}{json.dumps({**head, 'name': name, 'arguments': arguments})}{TOOL_CALL_CLOSE}"
 
 
-def json_call_schema(files: Mapping[str, str]) -> list[dict]:
-    """The JSON schemas of a `json` turn's tool calls: `read_file` of one of `files`, `search_text`."""
-    paths = list(files) or [""]
-    return [
+def json_call_schema(files: Mapping[str, str], read: frozenset[str] = frozenset()) -> list[dict]:
+    """The JSON schemas of a `json` turn's tool calls: `read_file` of one of `files` not `read`
+    yet (a small model reads one file again and again), `search_text`."""
+    paths = [p for p in files if p not in read]
+    reads = [
         {
             "type": "object",
             "properties": {
@@ -184,7 +185,10 @@ def json_call_schema(files: Mapping[str, str]) -> list[dict]:
             },
             "required": ["tool", "arguments"],
             "additionalProperties": False,
-        },
+        }
+    ]
+    return [
+        *(reads if paths else []),
         {
             "type": "object",
             "properties": {
@@ -231,20 +235,19 @@ def tools_instruction(protocol: ToolProtocol = "text") -> str:
             '{"edits": [{"path": "app.py", "search": "    return x", "replace": "    return x + 1"}], '
             '"rationale": "why"}.'
         )
-    lines = [f"- {t.name}({', '.join(t.parameters['properties'])}): {t.description}" for t in TOOLS]
-    how = (
-        "Call a tool with the engine's tool calling; each result comes back to you."
-        if protocol == "openai"
-        else "You may call tools before you answer. To call one, write exactly one line\n"
-        f'{TOOL_CALL_OPEN}{{"name": "read_file", "arguments": {{"path": "calc.py"}}}}{TOOL_CALL_CLOSE}\n'
-        "and stop: the result comes in the next message."
-    )
-    return (
-        f"{how} Tools:\n" + "\n".join(lines) + "\n"
+    answer = (
         "When you are done, answer with no tool call: give each change as a search/replace block, "
         "the file's path on its own line, then the exact lines to find and what replaces them:\n"
         f"{EDIT_EXAMPLE}\n"
         "(A unified diff in a ```diff block is accepted too.)"
+    )
+    if protocol == "openai":  # the engine's chat template lists the tools: the prompt says no more
+        return answer
+    lines = [f"- {t.name}({', '.join(t.parameters['properties'])}): {t.description}" for t in TOOLS]
+    return (
+        "You may call tools before you answer. To call one, write exactly one line\n"
+        f'{TOOL_CALL_OPEN}{{"name": "read_file", "arguments": {{"path": "calc.py"}}}}{TOOL_CALL_CLOSE}\n'
+        "and stop: the result comes in the next message. Tools:\n" + "\n".join(lines) + "\n" + answer
     )
 
 

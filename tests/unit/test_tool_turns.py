@@ -199,3 +199,10 @@ def test_a_step_line_is_one_line_with_outcome_and_time():
         name="read_file", arguments={"path": "calc.py"}, output="1: def add\n2: x", duration_ms=1234
     )
     assert step_line(step) == 'read_file {"path": "calc.py"} -> 1: def add (1.2 s)'
+
+
+def test_a_json_turn_reads_each_file_once():
+    call = json.dumps({"tool": "read_file", "arguments": {"path": "calc.py"}})
+    _, _, engine = run_json([call, ANSWER])
+    offered = [o["properties"]["tool"]["const"] for o in engine.batches[1][0].response_schema["anyOf"][:-1]]
+    assert offered == ["search_text"]  # calc.py was read: no read_file left to offer
