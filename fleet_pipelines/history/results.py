@@ -21,7 +21,7 @@ import dagster as dg
 from ..domain.decision import Decision
 from ..names import DELIBERATION_JOB, DELIBERATION_PARTITIONS, PARTITION_TAG, TURN_LOG_PREFIX
 from .log import DECISION_KEY, day_of
-from .task_result import TaskResult, TaskStatus, from_decision, undecided_result
+from .task_result import TaskResult, TaskStatus, from_decision, pushed_branch, undecided_result
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,7 +89,8 @@ def task_result(
     decided_at = _decided_at(instance, task_id, run.run_id)
     if decided_at is not None:
         if live:
-            return from_decision(task_id, run.run_id, load_decision(task_id))
+            branch = pushed_branch(base_path, task_id, run.run_id)
+            return from_decision(task_id, run.run_id, load_decision(task_id), branch)
         day = day_of(decided_at)
         return _from_log(task_id, run.run_id, day, load_log_day(day))
     if run.status in _FAILED:

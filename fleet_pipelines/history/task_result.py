@@ -19,7 +19,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..domain.decision import Decision
-from ..names import DECISION, DELIBERATION_ASSETS, DELIBERATION_TASK
+from ..domain.workspace import PushedBranch
+from ..names import DECISION, DELIBERATION_ASSETS, DELIBERATION_TASK, WINNING_BRANCH
 from .stored import read_stored_entry, stored_run_id
 
 
@@ -54,12 +55,23 @@ class TaskResult(BaseModel):
     reasons: list[str] = Field(default_factory=list, description="Why this status and winner.")
     winner_content: str | None = Field(default=None, description="The winning proposal.")
     winner_patch: str | None = Field(default=None, description="A repository task: the winning unified diff.")
+    pushed_branch: str | None = Field(
+        default=None, description="A repository task: the branch the winning patch was pushed as."
+    )
     events_pending: int = Field(
         default=0, description="Events of the run kept while NATS was unreachable, not yet published."
     )
 
 
-def from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
+def pushed_branch(base_path: str, task_id: str, run_id: str) -> str | None:
+    """The branch `winning_branch` stored for the run (None: not pushed, or not by this run)."""
+    stored = read_stored_entry(base_path, WINNING_BRANCH, task_id)
+    if stored is None or stored[1] != run_id or not isinstance(stored[0], PushedBranch):
+        return None
+    return stored[0].branch or None
+
+
+def from_decision(task_id: str, run_id: str, decision: Decision, branch: str | None = None) -> TaskResult:
     return TaskResult(
         task_id=task_id,
         status=TaskStatus(decision.status.value),
@@ -71,6 +83,7 @@ def from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
         reasons=decision.reasons,
         winner_content=decision.winner_content or None,
         winner_patch=decision.winner_patch or None,
+        pushed_branch=branch,
     )
 
 
@@ -83,7 +96,7 @@ def stored_result(base_path: str, task_id: str) -> TaskResult | None:
     started = read_stored_entry(base_path, DELIBERATION_TASK, task_id)
     if run_id is None or started is None or started[1] != run_id or not isinstance(decision, Decision):
         return None
-    return from_decision(task_id, run_id, decision)
+    return from_decision(task_id, run_id, decision, pushed_branch(base_path, task_id, run_id))
 
 
 def undecided_result(

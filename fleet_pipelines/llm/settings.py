@@ -87,6 +87,12 @@ class VLLMActorSettings(BaseModel):
     first_token_timeout_s: float = Field(default=180.0, gt=0, description="From sending to the first token.")
     idle_timeout_s: float = Field(default=60.0, gt=0, description="Longest gap between tokens.")
     tool_protocol: ToolProtocol = Field(default="json", description=TOOL_PROTOCOL_DESCRIPTION)
+    chat_template: str | None = Field(
+        default=None,
+        description="Jinja chat template the actor renders with instead of the model's own: one with "
+        "tools (`llm.chat_template.CHATML_TOOLS` for SmolLM2) for `tool_protocol: openai` on a model "
+        "whose template has none; None: the model's.",
+    )
 
     @property
     def tensor_parallel_size(self) -> int:

@@ -6,7 +6,7 @@ with a second engine call that carries that answer."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,7 @@ from fleet_pipelines.sandbox import isolation_available
 pytestmark = pytest.mark.skipif(not isolation_available()[0], reason="needs the bubblewrap sandbox")
 
 CASE = REPO_CASES[0]  # calc-add
+Stream = Callable[..., object]  # an engine's `stream` (ChatEngine, VLLMActorEngine)
 # SmolLM2-135M does not choose tools by itself; it copies a call it is shown, which is what the
 # engine has to parse: the test is of the plumbing, not of the model's judgement.
 COPY_A_CALL = (
@@ -38,13 +39,15 @@ COPY_A_CALL = (
 )
 
 
-def test_a_native_call_is_streamed_assembled_run_in_the_sandbox_and_answered(
-    llm_server: str, tmp_path: Path, traversable_dir: Path
-):
+def native_call_turn(
+    stream: Stream, tmp_path: Path, workspaces: Path
+) -> tuple[TurnResult, list[TurnRequest]]:
+    """One proposal turn with native tools (`tool_protocol: openai`) on a real workspace of
+    calc-add, each engine call through `stream` (an engine's `stream`); the result and the
+    requests sent. Shared with the vLLM tests (test_vllm_engines.py)."""
     repo = create_repo(CASE, tmp_path / "calc")
-    repos = ReposResource(root=str(traversable_dir))
+    repos = ReposResource(root=str(workspaces))
     workspace = repos.prepare("native-tools-1", RepoSpec(url=str(repo), ref="main"))
-    engine = ChatEngine(EngineSettings(base_url=llm_server, model=MODEL_NAME, tool_protocol="openai"))
     sent: list[TurnRequest] = []
 
     def run_step(requests: Sequence[TurnRequest]) -> list[TurnResult]:
@@ -52,9 +55,7 @@ def test_a_native_call_is_streamed_assembled_run_in_the_sandbox_and_answered(
         for r in requests:
             sent.append(r)
             done = asyncio.run(
-                engine.stream(
-                    r.messages, r.temperature, r.max_tokens, r.stop, r.response_schema, tools=r.tools
-                )
+                stream(r.messages, r.temperature, r.max_tokens, r.stop, r.response_schema, tools=r.tools)
             )
             results.append(
                 TurnResult.for_request(
@@ -73,21 +74,33 @@ def test_a_native_call_is_streamed_assembled_run_in_the_sandbox_and_answered(
         temperature=0.0,
         max_tokens=60,
     )
-    runner = repos.tool_runner(run_step, workspace, "openai")
-    [result] = runner([request])
+    [result] = repos.tool_runner(run_step, workspace, "openai")([request])
+    return result, sent
 
+
+def assert_called_run_and_answered(result: TurnResult, sent: list[TurnRequest], ids: bool = True) -> None:
+    """The call was offered natively, run in the sandbox (the file's text came back) and answered
+    as `tool` messages naming each call (the engine's own ids where `ids`), and the turn went on."""
     first, second = sent[0], sent[1]
     assert first.tools and {t["function"]["name"] for t in first.tools} >= {"read_file", "run_tests"}
-    [step] = result.tool_steps[:1]
+    step = result.tool_steps[0]
     assert (step.name, step.arguments, step.parsed) == ("read_file", {"path": "calc.py"}, True)
     assert "def add(a, b):" in step.output and "return a - b" in step.output  # read in the sandbox
     [at] = [n for n, m in enumerate(second.messages) if m.role == "assistant" and m.tool_calls]
     assistant, answers = second.messages[at], second.messages[at + 1 :]
-    assert [c["function"]["name"] for c in assistant.tool_calls] == [
-        s.name for s in result.tool_steps[: len(answers)]
-    ]
+    names = [c["function"]["name"] for c in assistant.tool_calls]
+    assert names == [s.name for s in result.tool_steps[: len(answers)]]
     assert answers and all(a.role == "tool" for a in answers)
     assert [a.tool_call_id for a in answers] == [c["id"] for c in assistant.tool_calls]
-    assert all(c["id"] for c in assistant.tool_calls)  # llama.cpp's ids, carried through
+    if ids:
+        assert all(c["id"] and not c["id"].startswith("call_0") for c in assistant.tool_calls[:1])
     assert "def add(a, b):" in answers[0].content
     assert result.engine_calls >= 2 and result.status is TurnStatus.COMPLETED  # the turn went on
+
+
+def test_a_native_call_is_streamed_assembled_run_in_the_sandbox_and_answered(
+    llm_server: str, tmp_path: Path, traversable_dir: Path
+):
+    engine = ChatEngine(EngineSettings(base_url=llm_server, model=MODEL_NAME, tool_protocol="openai"))
+    result, sent = native_call_turn(engine.stream, tmp_path, traversable_dir)
+    assert_called_run_and_answered(result, sent)  # llama.cpp's ids, carried through
