@@ -295,4 +295,4 @@ def test_the_council_is_convened_once_per_run_and_a_file_changed_mid_run_does_no
     # Every step after it reads the `council` asset: lineage shows which council decided.
     graph = defs.resolve_asset_graph()
     readers = {key.to_user_string() for key in graph.get(dg.AssetKey("council")).child_keys}
-    assert readers == {"proposals", "reviews", "scores", "decision", "decision_events"}
+    assert readers == {"proposals", "reviews", "scores", "decision", "winning_branch", "decision_events"}
