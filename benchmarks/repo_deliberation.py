@@ -51,6 +51,11 @@ def measure(result: dg.ExecuteInProcessResult) -> dict:
         "finals": len(scores),
         "applies": sum(s.value("patch_applies") == 1.0 for s in scores),
         "tests_passed": sum(s.value("tests") == 1.0 for s in scores),
+        "not_applied": [
+            f"{s.agent_id}: {s.check('patch_applies').evidence}"
+            for s in scores
+            if s.check("patch_applies") is not None and s.value("patch_applies") != 1.0
+        ],
         "engine_s": sum(t.latency_ms for t in turns) / 1000,
         "tool_s": sum(t.tool_ms for t in turns) / 1000,
     }
@@ -140,6 +145,8 @@ def main() -> None:
             round(wall, 1),
         )
         print("  ".join(f"{c!s:>12}" for c in cells))
+        for why in m.get("not_applied", []):
+            print(f"{'':>14}not applied: {why[:160]}")
     totals = {
         "cases": len(rows),
         "failed_runs": sum(status == "FAILED RUN" for _, status, _, _ in rows),

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from .council import MAX_TEMPERATURE, CouncilSettings, build_council
 from .models import MAX_RUBRIC_CHARS, AgentSpec, Role, Task, TurnKind
 from .scoring import ScoringWeights
+from .tools import ToolProtocol
 
 AGENT_TURN_KINDS = (TurnKind.PROPOSE, TurnKind.CRITIQUE, TurnKind.REVISE)
 
@@ -65,6 +66,10 @@ class EngineEntry(BaseModel):
         default=None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
         description="Environment variable holding this engine's API key (the key never sits in the file).",
+    )
+    tool_protocol: ToolProtocol | None = Field(
+        default=None,
+        description="How agents call tools on this engine (json, openai, text); default the stack engine's.",
     )
 
     def engine_id(self) -> str:

@@ -161,5 +161,6 @@ class RayTurnRunner(TurnRunnerResource):
                 "model": engine.model,
                 "slots": engine.slots,
                 "api_key": SecretStr(key) if key else None,
+                **({"tool_protocol": engine.tool_protocol} if engine.tool_protocol else {}),
             }
         )

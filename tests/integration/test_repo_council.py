@@ -186,6 +186,8 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
     )
     assert cli.exit_code == 0, cli.output
     assert cli.output == CASE.fix
+    shown = CliRunner().invoke(fleet_cli, ["result", task_id], env={"FLEET_STORAGE_PATH": str(storage)})
+    assert f"winning patch, pushed as fleet/{task_id}:" in shown.output, shown.output
 
 
 def streamed(nats_resource, task_id: str, agent_id: str) -> list[dict]:

@@ -237,6 +237,9 @@ def test_a_role_engine_has_its_own_slots_key_and_run_queue_tag(tmp_path: Path, m
     settings = stack.role_engine(convened.engine)
     assert (settings.base_url, settings.model, settings.slots) == ("http://10.0.0.7:8000/v1", "big-model", 16)
     assert settings.api_key.get_secret_value() == "sk-big"
+    assert settings.tool_protocol == "json"  # the file names none: the stack engine's
+    tooled = convened.engine.model_copy(update={"tool_protocol": "openai"})
+    assert stack.tool_protocol(tooled) == "openai" and stack.tool_protocol(None) == "json"
     # The run queue limits runs per engine by this tag: a run request's tags win over the job's
     # (dagster 1.13.27, _daemon/sensor.py `_get_or_create_sensor_run`: {**job run tags, **request tags}).
     assert council.engine_tags("ARCHITECT") == {"fleet/engine": "10.0.0.7:8000"}
