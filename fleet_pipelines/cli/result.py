@@ -38,7 +38,8 @@ EXIT_WAIT_EXPIRED = 4
 @click.option(
     "--follow",
     is_flag=True,
-    help="print each turn as it finishes (queue wait, service time) until a final status (--wait limits it)",
+    help="print each turn (queue wait, service time) and each tool call (tool, arguments, outcome, "
+    "time) as it finishes, until a final status (--wait limits it)",
 )
 @click.option(
     "--patch",

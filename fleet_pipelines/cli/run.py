@@ -39,7 +39,8 @@ def failure_chain(result) -> list[str]:
 
 def progress_logger(init_context) -> logging.Logger:
     """A Dagster logger that prints what a person follows: each phase (step) as it starts, each
-    agent turn as it finishes (the run log's turn lines: tokens, queue wait, service time), and
+    agent turn and each tool call as it finishes (the run log's turn lines: tokens, queue wait,
+    service time; a call's tool, arguments, outcome and time), and
     warnings and errors; Dagster's own debug events stay out (`--verbose` shows them)."""
     from ..assets.progress import TURN_LOG_PREFIX
 
