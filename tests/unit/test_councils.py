@@ -93,6 +93,7 @@ def test_fleet_councils_list_show_validate(tmp_path: Path):
         "model": "tester-model",
         "slots": None,
         "api_key_env": None,
+        "tool_protocol": None,
     }
     assert qa["weights"]["tests"] == 0.35  # defaults filled in
     valid = CliRunner().invoke(fleet, ["councils", "validate", "--file", str(good)])
