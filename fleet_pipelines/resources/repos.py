@@ -12,14 +12,13 @@ from pydantic import Field
 
 from ..domain.deliberation import TurnRunner
 from ..domain.models import RepoSpec
-from ..domain.tool_turns import tool_turns
 from ..domain.tools import StepBudget, ToolProtocol
 from ..domain.workspace import PushedBranch, Workspace
 from ..workspace.checkout import CheckoutError, CheckoutLimits
 from ..workspace.prepare import prepare_workspace, workspaces_root
 from ..workspace.push import branch_name, push_patch
-from ..workspace.runs import RepoRunLimits, run_tool
-from ..workspace.view import edit_files
+from ..workspace.runs import RepoRunLimits
+from ..workspace.turns import repository_turns
 from .config import derived_config
 
 StepBudgetConfig = derived_config(StepBudget, "StepBudgetConfig")
@@ -97,17 +96,12 @@ class ReposResource(dg.ConfigurableResource):
     ) -> TurnRunner:
         """The turn runner of a repository task's agents: tools in the sandbox within the budget,
         in the engine's `protocol`, and their edits checked against the checkout's files."""
-        limits = self.run_limits()
-
-        def execute(name: str, arguments: dict) -> str:
-            return run_tool(workspace, name, arguments, limits)
-
-        return tool_turns(
+        return repository_turns(
             run_step,
-            execute,
+            workspace,
+            protocol,
+            self.run_limits(),
             self.step_budget.to_model(),
-            protocol=protocol,
-            files=edit_files(workspace),
             offer=self.tools,
             on_step=on_step,
             on_result=on_result,
