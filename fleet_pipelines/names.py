@@ -30,6 +30,7 @@ PROPOSALS = "proposals"
 SCORES = "scores"
 DECISION = "decision"
 DECISION_EVENTS = "decision_events"
+WINNING_BRANCH = "winning_branch"
 STORY_CONTEXT = "story_context"
 REVIEWS = "reviews"
 # Those whose values a run stores as JSON files (history/stored.py), in the order a run stores them.
@@ -42,6 +43,7 @@ DELIBERATION_ASSETS = (
     REVIEWS,
     SCORES,
     DECISION,
+    WINNING_BRANCH,
 )
 STORY_DECISIONS = "story_decisions"
 DECISION_LOG = "decision_log"

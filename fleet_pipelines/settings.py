@@ -16,6 +16,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
 from .domain.councils import CouncilSettings, engine_id
+from .domain.tools import ToolProtocol
 from .events.options import ConnectOptions, StreamOptions
 from .history.options import RetentionOptions
 from .llm.local_server import MODEL_NAME
@@ -68,6 +69,7 @@ class FleetSettings(BaseModel):
     llm_api_key_set: bool = Field(default=False, description=f"{LLM_API_KEY} is set (read via dg.EnvVar).")
     max_tokens: int | None = _supplies(CouncilSettings, "max_tokens", "FLEET_MAX_TOKENS")
     engine_slots: int | None = _supplies(EngineSettings, "slots", "FLEET_ENGINE_SLOTS")
+    tool_protocol: ToolProtocol = _supplies(EngineSettings, "tool_protocol", "FLEET_TOOL_PROTOCOL")
     engine_backend: Literal["openai", "vllm_actor"] = Field(
         default="openai", validation_alias=_env("FLEET_ENGINE_BACKEND")
     )

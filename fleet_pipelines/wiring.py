@@ -12,7 +12,7 @@ from .resources.events import NatsResource
 from .resources.history import HistoryResource
 from .resources.io import DomainIOManager, ParquetIOManager
 from .resources.ray_cluster import RayCluster
-from .resources.repos import ReposConfig
+from .resources.repos import ReposResource
 from .resources.turns import RayTurnRunner
 from .settings import LLM_API_KEY, NATS_SECRETS, FleetSettings
 
@@ -30,6 +30,7 @@ def resources(settings: FleetSettings) -> dict[str, object]:
         "ray_cluster": ray,
         "turn_runner": RayTurnRunner(engine=engine(settings), ray_cluster=ray),
         "council": council(settings),
+        "repos": repos(settings),
         "io_manager": DomainIOManager(base_path=settings.storage),
         "frames_io_manager": ParquetIOManager(base_path=settings.storage),
         "history": HistoryResource(
@@ -54,6 +55,7 @@ def engine(settings: FleetSettings) -> EngineConfig:
             "cpu_kvcache_space_gib": settings.vllm_cpu_kvcache_gib,
             "cache_root": settings.vllm_cache_root,
             "max_num_seqs": settings.vllm_max_num_seqs,
+            "tool_protocol": settings.tool_protocol,
         }
         vllm = VLLMActorConfig(
             model=settings.vllm_model,
@@ -67,6 +69,7 @@ def engine(settings: FleetSettings) -> EngineConfig:
             model=settings.llm_model,
             api_key=dg.EnvVar(LLM_API_KEY) if settings.llm_api_key_set else None,
             slots=settings.engine_slots,
+            tool_protocol=settings.tool_protocol,
         ),
         vllm_actor=vllm,
     )
@@ -88,5 +91,9 @@ def council(settings: FleetSettings, councils_file: str | None = None) -> Counci
     return CouncilResource(
         max_tokens=settings.max_tokens,
         councils_file=councils_file or settings.councils_file,
-        repos=ReposConfig(root=settings.workspaces_dir, push_remote=settings.push_remote),
     )
+
+
+def repos(settings: FleetSettings) -> ReposResource:
+    """The repos resource: workspaces, tools and the push of repository tasks."""
+    return ReposResource(root=settings.workspaces_dir, push_remote=settings.push_remote)

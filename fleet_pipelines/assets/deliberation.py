@@ -1,10 +1,12 @@
 """A deliberation as assets of one dynamic partition (partition key = task id).
 
 deliberation_task -> story_context, workspace -> council -> proposals -> reviews -> scores ->
-decision -> decision_events. A repository task's `workspace` is its read-only checkout: its view
-is in the agents' prompts, their turns may call tools on it, and their patches are scored on it.
-The council is convened once (`council`) and every later step reads it; `decision` only decides
-and `decision_events` tells the world, keeping in the outbox what NATS does not take.
+decision -> winning_branch -> decision_events. A repository task's `workspace` is its read-only
+checkout: its view is in the agents' prompts, their turns may call tools on it, their edits become
+patches checked against it, and their patches are scored on it. The council is convened once
+(`council`) and every later step reads it; `decision` only decides, `winning_branch` pushes a
+repository task's winning patch, and `decision_events` tells the world, keeping in the outbox what
+NATS does not take.
 The assets exchange domain objects (stored as JSON by the `io_manager`); each is a few lines over
 the domain, the `turn_runner` and `previews` (what the UI shows).
 """
@@ -29,7 +31,7 @@ from ..domain.decision import Decision, decide, repository_verdict
 from ..domain.deliberation import TurnRunner, current_versions, proposal_requests, review_rounds
 from ..domain.models import Task, TurnRequest, TurnResult, flat_task_fields, validation_message
 from ..domain.scoring import CheckResult, ProposalScore, gate_failures
-from ..domain.workspace import Workspace, extract_patch
+from ..domain.workspace import PushedBranch, Workspace, extract_patch
 from ..events.outbound import outcome_events
 from ..history.log import OUTCOME, outcome_metadata
 from ..history.runs import run_started
@@ -43,14 +45,14 @@ from ..names import (
     TAG_CAUSATION,
     TAG_CORRELATION,
     TAG_ENGINE,
+    WINNING_BRANCH,
 )
 from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
-from ..resources.repos import ReposConfig
+from ..resources.repos import ReposResource
 from ..resources.turns import TurnRunnerResource
 from ..scoring.checks import execution_checks, score_finals
 from ..settings import FleetSettings
-from ..workspace.checkout import CheckoutError
 from ..workspace.checks import patch_checker
 from ..workspace.view import prompt_view
 from .partitions import deliberation_partitions
@@ -146,7 +148,7 @@ def _live_turns(
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
     convened: Convened,
-    tools: tuple[ReposConfig, Workspace] | None = None,
+    tools: tuple[ReposResource, Workspace] | None = None,
 ) -> Iterator[TurnRunner]:
     """The turn runner with live progress (`assets.progress`): chunks on vllm.streaming.{task_id},
     each turn's events as it ends (keys from run + turn, so a retried step's copies drop), and the
@@ -157,12 +159,13 @@ def _live_turns(
     claim = (context.run_id, len(convened.agents))  # the run's claim on the engine (admission)
     with nats.publisher(context.run_id) as sink:
         progress = TurnProgress(context, sink, convened.task)
-        if tools is None or not tools[1].active or not tools[0].tools:
+        if tools is None or not tools[1].active:
             yield turn_runner.runner(deadline, convened.engine, progress.on_chunk, progress.on_result, claim)
-        else:  # a repository task: agents call tools, each engine call through the same runner
+        else:  # a repository task: agents call tools and give edits, each engine call through the runner
             repos, workspace = tools
             step = turn_runner.runner(deadline, convened.engine, progress.on_chunk, claim=claim)
-            yield repos.tool_runner(step, workspace, progress.on_tool, progress.on_result)
+            protocol = turn_runner.tool_protocol(convened.engine)
+            yield repos.tool_runner(step, workspace, protocol, progress.on_tool, progress.on_result)
     if sink.kept:
         context.log.warning(f"{sink.kept} events kept in the outbox until NATS is back: {sink.unreachable}")
 
@@ -213,13 +216,13 @@ def proposals(
     context: dg.AssetExecutionContext,
     convened: Convened,
     workspace: Workspace,
-    council: CouncilResource,
+    repos: ReposResource,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
 ) -> dg.Output[list[TurnResult]]:
     """Round 0: every agent of the council writes a proposal, all turns in one batch, the story's
     context (and a repository task's workspace, with tools on it) in its prompt."""
-    with _live_turns(context, turn_runner, nats, convened, (council.repos, workspace)) as run_turns:
+    with _live_turns(context, turn_runner, nats, convened, (repos, workspace)) as run_turns:
         results = run_turns(proposal_requests(convened.task, convened.agents, convened.settings))
     ok = sum(r.ok for r in results)
     engine = convened.engine.model if convened.engine else turn_runner.model_name
@@ -234,6 +237,7 @@ def reviews(
     workspace: Workspace,
     proposals: list[TurnResult],
     council: CouncilResource,
+    repos: ReposResource,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
 ) -> dg.Output[list[TurnResult]]:
@@ -241,7 +245,7 @@ def reviews(
     its own code's check results (a repository task: its patch's) where execution feedback is on
     for the role."""
     task, settings, limits = convened.task, convened.settings, council.sandbox.to_model()
-    patch_checks = _patch_checks(council, workspace)
+    patch_checks = _patch_checks(repos, workspace)
     shown: list[tuple[str, list[CheckResult]]] = []
 
     def check_code(task: Task, text: str) -> list[CheckResult]:
@@ -250,7 +254,7 @@ def reviews(
         )
         return shown[-1][1]
 
-    with _live_turns(context, turn_runner, nats, convened, (council.repos, workspace)) as run_turns:
+    with _live_turns(context, turn_runner, nats, convened, (repos, workspace)) as run_turns:
         history = review_rounds(task, convened.agents, settings, proposals, run_turns, check_code)
     metadata = {"rounds": task.rounds, "execution_feedback": settings.feedback_for(task.role)}
     feedback = feedback_markdown(history, proposals, shown)
@@ -272,9 +276,9 @@ def _then_release(
     return judge
 
 
-def _patch_checks(council: CouncilResource, workspace: Workspace):
+def _patch_checks(repos: ReposResource, workspace: Workspace):
     """A repository task's patch checks (None: the code-block checks)."""
-    return patch_checker(workspace, council.repos.run_limits()) if workspace.active else None
+    return patch_checker(workspace, repos.run_limits()) if workspace.active else None
 
 
 @dg.asset(**_ASSET, ins=_ON_COUNCIL, kinds={"python"})
@@ -285,6 +289,7 @@ def scores(
     proposals: list[TurnResult],
     reviews: list[TurnResult],
     council: CouncilResource,
+    repos: ReposResource,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
 ) -> dg.Output[list[ProposalScore]]:
@@ -303,7 +308,7 @@ def scores(
             limits,
             judges,
             judge_tokens,
-            _patch_checks(council, workspace),
+            _patch_checks(repos, workspace),
         )
     metadata = scores_metadata(scored, history, convened.agents)
     if workspace.active:
@@ -360,22 +365,51 @@ def decision(
     yield winner_passes_checks(result, scores)
 
 
+@dg.asset(**_ASSET, ins=_ON_COUNCIL, name=WINNING_BRANCH, kinds={"git"})
+def winning_branch(
+    context: dg.AssetExecutionContext,
+    convened: Convened,
+    workspace: Workspace,
+    decision: Decision,
+    repos: ReposResource,
+) -> dg.Output[PushedBranch]:
+    """A repository task's winning patch committed on its base commit and pushed as branch
+    `fleet/{task_id}` where a remote is configured (`repos.push_remote`); stored, and shown on the
+    decision's metadata too. A push that fails is said here and logged, never a failed step."""
+    task = convened.task
+    pushed = PushedBranch()
+    if workspace.active and decision.winner_patch:
+        message = f"fleet: {task.task_id} ({decision.winner_id})\n\n{task.description[:500]}"
+        pushed = repos.push(workspace, decision.winner_patch, message)
+    if pushed.error:
+        context.log.warning(f"push of the winning patch failed: {pushed.error}")
+    elif pushed.branch:
+        context.log.info(f"winning patch {pushed.said}")
+        context.log_event(
+            dg.AssetObservation(
+                asset_key=DECISION,
+                partition=context.partition_key,
+                metadata={"pushed_branch": pushed.branch, "pushed_commit": pushed.commit},
+            )
+        )
+    return dg.Output(pushed, metadata={"pushed_branch": pushed.branch or pushed.said})
+
+
 @dg.asset(**_ASSET, ins=_ON_COUNCIL, kinds={"nats"})
 def decision_events(
     context: dg.AssetExecutionContext,
     convened: Convened,
-    workspace: Workspace,
     proposals: list[TurnResult],
     decision: Decision,
-    council: CouncilResource,
+    winning_branch: PushedBranch,
     nats: NatsResource,
 ) -> dg.MaterializeResult:
-    """Tells the world: a repository task's winning patch pushed as `fleet/{task_id}` where a remote
-    is configured, `orchestration.deliberation.completed|failed` (one per run: the failure sensor
-    shares its key), the old collector's `deliberation.completed|failed`, and the decision in its
-    story's `story_decisions`. Events NATS does not take wait in the outbox."""
+    """Tells the world: `orchestration.deliberation.completed|failed` (one per run: the failure
+    sensor shares its key; a repository task's carries the pushed branch), the old collector's
+    `deliberation.completed|failed`, and the decision in its story's `story_decisions`. Events
+    NATS does not take wait in the outbox."""
     task, tags, run_id = convened.task, context.run.tags, context.run_id
-    decision, pushed = _push(context, council.repos, task, workspace, decision)
+    decision = decision.model_copy(update={"pushed_branch": winning_branch.branch})
     duration_ms = (time.time() - _started(context)) * 1000
     correlation, causation = tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION)
     sink = nats.deliver(
@@ -384,28 +418,7 @@ def decision_events(
     report_story_decision(context, task, decision)
     outbox = nats.outbox()
     pending = outbox.pending(context.run_id) if outbox is not None else 0
-    return dg.MaterializeResult(metadata={**events_metadata(pending, sink.unreachable), **pushed})
-
-
-def _push(
-    context: dg.AssetExecutionContext,
-    repos: ReposConfig,
-    task: Task,
-    workspace: Workspace,
-    decision: Decision,
-) -> tuple[Decision, dict[str, str]]:
-    """The winning patch pushed where a remote is configured; the decision as the events tell it
-    (with the branch), and what the UI shows. A push that fails is logged, never a failed step."""
-    if not decision.winner_patch or not repos.push_remote:
-        return decision, {}
-    message = f"fleet: {task.task_id} ({decision.winner_id})\n\n{task.description[:500]}"
-    try:
-        branch = repos.push(workspace, decision.winner_patch, message)
-    except CheckoutError as exc:
-        context.log.warning(f"push of the winning patch failed: {exc}")
-        return decision, {"pushed_branch": f"push failed: {str(exc)[:300]}"}
-    context.log.info(f"winning patch pushed as {branch} to {repos.push_remote}")
-    return decision.model_copy(update={"pushed_branch": branch}), {"pushed_branch": branch}
+    return dg.MaterializeResult(metadata=events_metadata(pending, sink.unreachable))
 
 
 def quorum_met(decision: Decision) -> dg.AssetCheckResult:
@@ -455,6 +468,7 @@ deliberation_assets = [
     reviews,
     scores,
     decision,
+    winning_branch,
     decision_events,
 ]
 # The assets whose values the io_manager stores (decision_events stores none): what retention removes.

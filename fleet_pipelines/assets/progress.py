@@ -19,7 +19,7 @@ import time
 import dagster as dg
 
 from ..domain.models import Task, TurnKind, TurnRequest, TurnResult, turn_label
-from ..domain.tools import ToolStep
+from ..domain.tools import ToolStep, step_line
 from ..events.outbound import agent_response_events, turn_chunk_event
 from ..names import TAG_CAUSATION, TAG_CORRELATION, TURN_LOG_PREFIX
 from ..resources.events import EventSink
@@ -74,7 +74,7 @@ class TurnProgress:
             *turn_chunk_event(self.task.task_id, self.context.run_id, request, seq, text, 0)
         )
         self._next_seq[label] = self._base_seq[label] = seq + 1
-        self.context.log.info(f"{TURN_LOG_PREFIX}{label}: tool {step.name} {call[:200]}")
+        self.context.log.info(f"{TURN_LOG_PREFIX}{label}: tool {step_line(step)}")
 
     def on_result(self, result: TurnResult) -> None:
         label = turn_label(result)

@@ -7,7 +7,7 @@ import dagster as dg
 from ..domain.models import Task
 from ..domain.workspace import Workspace
 from ..names import DELIBERATION_GROUP, WORKSPACE
-from ..resources.council import CouncilResource
+from ..resources.repos import ReposResource
 from ..workspace.checkout import CheckoutError
 from ..workspace.environment import DependencyError
 from .partitions import deliberation_partitions
@@ -31,7 +31,7 @@ def baseline_md(workspace: Workspace) -> str:
     partitions_def=deliberation_partitions, group_name=DELIBERATION_GROUP, name=WORKSPACE, kinds={"git"}
 )
 def workspace(
-    context: dg.AssetExecutionContext, deliberation_task: Task, council: CouncilResource
+    context: dg.AssetExecutionContext, deliberation_task: Task, repos: ReposResource
 ) -> dg.Output[Workspace]:
     """The repository the task names, checked out safely (no hook, filter or submodule runs),
     with its dependencies installed once and the baseline run of its tests in the sandbox."""
@@ -41,7 +41,7 @@ def workspace(
             Workspace(task_id=task.task_id), metadata={"repository": "none (not a repository task)"}
         )
     try:
-        ready = council.repos.prepare(task.task_id, task.repo)
+        ready = repos.prepare(task.task_id, task.repo)
     except (
         CheckoutError,
         DependencyError,

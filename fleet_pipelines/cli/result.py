@@ -31,7 +31,8 @@ EXIT_WAIT_EXPIRED = 4
 @click.option(
     "--follow",
     is_flag=True,
-    help="print each turn as it finishes (queue wait, service time) until a final status (--wait limits it)",
+    help="print each turn (queue wait, service time) and each tool call (tool, arguments, outcome, "
+    "time) as it finishes, until a final status (--wait limits it)",
 )
 @click.option(
     "--patch",
@@ -65,6 +66,9 @@ def result(task_id: str, as_json: bool, wait: float, follow: bool, patch_only: b
         if found.events_pending:
             click.echo(f"  {found.events_pending} events pending: NATS was unreachable; sent when it is back")
         echo_decision(found.winner_id, found.ranking, found.reasons, found.winner_content)
+        if found.winner_patch:
+            pushed = f", pushed as {found.pushed_branch}" if found.pushed_branch else ""
+            click.echo(f"\nwinning patch{pushed}: `fleet result {task_id} --patch > fix.diff`")
     if (wait or follow) and found.status not in TERMINAL and found.status.value != "NOT_FOUND":
         sys.exit(EXIT_WAIT_EXPIRED)
     sys.exit(EXIT_RESULT[found.status.value])

@@ -39,7 +39,8 @@ def failure_chain(result) -> list[str]:
 
 def progress_logger(init_context) -> logging.Logger:
     """A Dagster logger that prints what a person follows: each phase (step) as it starts, each
-    agent turn as it finishes (the run log's turn lines: tokens, queue wait, service time), and
+    agent turn and each tool call as it finishes (the run log's turn lines: tokens, queue wait,
+    service time; a call's tool, arguments, outcome and time), and
     warnings and errors; Dagster's own debug events stay out (`--verbose` shows them)."""
     from ..assets.progress import TURN_LOG_PREFIX
 
@@ -117,7 +118,8 @@ def run(as_json: bool, verbose: bool, **options) -> None:
             click.echo(f"  because {line}", err=True)
         click.echo(f"task {task_id}: run {result.run_id} failed; see the Dagster UI", err=True)
         sys.exit(1)
-    decision = result.output_for_node("decision")
+    pushed = result.output_for_node("winning_branch")
+    decision = result.output_for_node("decision").model_copy(update={"pushed_branch": pushed.branch})
     if as_json:
         summary = {"task_id": task_id, "run_id": result.run_id}
         click.echo(
@@ -128,8 +130,8 @@ def run(as_json: bool, verbose: bool, **options) -> None:
         ranking = [r.model_dump() for r in decision.ranking]
         echo_decision(decision.winner_id, ranking, decision.reasons, decision.winner_content)
         if decision.winner_patch:
-            pushed = f", pushed as {decision.pushed_branch}" if decision.pushed_branch else ""
+            said = f", {pushed.said}" if pushed.branch or pushed.error else ""
             click.echo(
-                f"\npatch on {decision.base_commit[:12]}{pushed}: `fleet result {task_id} --patch > fix.diff`"
+                f"\npatch on {decision.base_commit[:12]}{said}: `fleet result {task_id} --patch > fix.diff`"
             )
     sys.exit(0 if decision.status.value in ("COMPLETED", "PARTIAL") else 1)

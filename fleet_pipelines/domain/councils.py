@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from .models import MAX_RUBRIC_CHARS, AgentSpec, Role, Task, TurnKind
 from .scoring import CODE_ROLES, ScoringWeights
+from .tools import ToolProtocol
 
 DIVERSITY_TEMPERATURE_FACTOR = 1.3
 MAX_TEMPERATURE = 2.0
@@ -137,6 +138,10 @@ class EngineEntry(BaseModel):
         default=None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
         description="Environment variable holding this engine's API key (the key never sits in the file).",
+    )
+    tool_protocol: ToolProtocol | None = Field(
+        default=None,
+        description="How agents call tools on this engine (json, openai, text); default the stack engine's.",
     )
 
     def engine_id(self) -> str:

@@ -29,7 +29,7 @@ class Decision(BaseModel):
     winner_not_run: list[str] = []  # the winner's checks that could not run (no sandbox), with why
     winner_patch: str = ""  # a repository task: the winning unified diff (full)
     base_commit: str = ""  # a repository task: the commit the patch applies to
-    pushed_branch: str = ""  # the branch `decision_events` pushed the patch as (in the outcome event)
+    pushed_branch: str = ""  # the branch `winning_branch` pushed the patch as (events, `fleet run`)
 
 
 def quorum_for(num_agents: int, quorum: int | None = None) -> int:

@@ -354,10 +354,19 @@ class AgentSpec(BaseModel):
 
 
 class Message(BaseModel):
+    """One chat message. Native tool calling adds an assistant message's `tool_calls` (OpenAI's
+    form: id, type, function name and JSON arguments) and the `tool` message answering one."""
+
     model_config = ConfigDict(frozen=True)
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+
+    def wire(self) -> dict:
+        """The message as the OpenAI chat API takes it (the unset tool fields left out)."""
+        return self.model_dump(exclude_none=True)
 
 
 class TurnRequest(BaseModel):

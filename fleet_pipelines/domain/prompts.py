@@ -58,10 +58,9 @@ def _task_block(task: Task) -> str:
 
 
 PATCH_INSTRUCTION = (
-    "Give your reasoning briefly, then the change as ONE unified diff in a ```diff block, as "
-    "`git diff` prints it: paths relative to the repository root with a/ and b/ prefixes, hunks "
-    "with @@ headers and three lines of context. The diff is applied with `git apply` and judged "
-    "by the repository's tests."
+    "Give your reasoning briefly, then your change as edits of the repository's files, in the "
+    "form below. The system turns them into a patch, applies it with `git apply` and judges it by "
+    "the repository's tests."
 )
 
 

@@ -1,19 +1,28 @@
-"""Tools an agent may call during a turn on a repository task, and the plain-text protocol any
-model can follow.
+"""Tools an agent may call during a turn on a repository task, and the three protocols the
+engine is asked in (`ToolProtocol`, chosen per engine).
 
-A call is one line `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (the form Hermes-
-and Qwen-style chat templates use); an engine with OpenAI tool calling returns structured calls,
-which the engine client writes in the same form, so one parser serves both protocols. A call that
-cannot be parsed is kept as text, answered with the parse error, and counts against the budget
-like any call. The turn ends when a reply holds no call, or when its step budget (tool calls,
-completion tokens, seconds) is spent; then the last reply stands.
+- `text`: any model. A call is one line `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+  (the form Hermes- and Qwen-style chat templates use).
+- `openai`: native tool calling. The tools go as OpenAI `tools`; the engine client assembles the
+  streamed `tool_calls` deltas and writes each call in the text form with its id, so one parser
+  reads both; each call is answered as a `tool` message.
+- `json`: every reply is one JSON object decoded under the engine's JSON schema (llama.cpp's
+  grammar, vLLM's guided decoding): a tool call `{"tool", "arguments"}` whose arguments name the
+  repository's real files, or the answer `{"edits", "rationale"}` (`domain.edits`). A call is
+  well formed or absent, never half-written: the protocol for small models.
+
+A call that cannot be parsed is kept as text, answered with the parse error, and counts against
+the budget like any call. The turn ends when a reply holds no call, or when its step budget (tool
+calls, completion tokens, seconds) is spent; then the last reply stands.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +30,8 @@ TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
 MAX_TOOL_OUTPUT_CHARS = 4_000
+ToolProtocol = Literal["text", "openai", "json"]
+JSON_TOOLS = ("read_file", "search_text")  # what a `json` turn may call (the answer carries the edits)
 
 
 class ToolSpec(BaseModel):
@@ -109,6 +120,7 @@ class ParsedCall:
     arguments: dict
     text: str
     error: str = ""
+    call_id: str = ""  # a native call's id (its `tool` answer names it)
 
 
 def parse_tool_calls(reply: str) -> list[ParsedCall]:
@@ -124,7 +136,8 @@ def parse_tool_calls(reply: str) -> list[ParsedCall]:
         if not isinstance(data, dict):
             calls.append(ParsedCall("", {}, raw, "a call is a JSON object"))
             continue
-        name = data.get("name")
+        name = data.get("name", data.get("tool"))
+        call_id = str(data.get("id") or "")
         arguments = data.get("arguments", data.get("parameters", {}))
         if isinstance(arguments, str):  # OpenAI sends arguments as a JSON string
             try:
@@ -138,30 +151,118 @@ def parse_tool_calls(reply: str) -> list[ParsedCall]:
         elif not isinstance(arguments, dict):
             calls.append(ParsedCall(str(name), {}, raw, "arguments must be a JSON object"))
         else:
-            calls.append(ParsedCall(str(name), arguments, raw))
+            calls.append(ParsedCall(str(name), arguments, raw, call_id=call_id))
     return calls
 
 
-def render_call(name: str, arguments: str | dict) -> str:
-    """A structured call (OpenAI `tool_calls`) in the text protocol's form."""
+def render_call(name: str, arguments: str | dict, call_id: str = "") -> str:
+    """A structured call (OpenAI `tool_calls`) in the text protocol's form, with its id."""
+    head = {"id": call_id} if call_id else {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments or "{}")
         except json.JSONDecodeError:
-            return (
-                f'{TOOL_CALL_OPEN}{{"name": {json.dumps(name)}, "arguments": {arguments}}}{TOOL_CALL_CLOSE}'
-            )
-    return f"{TOOL_CALL_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{TOOL_CALL_CLOSE}"
+            fields = "".join(f"{json.dumps(k)}: {json.dumps(v)}, " for k, v in {**head, "name": name}.items())
+            return f'{TOOL_CALL_OPEN}{{{fields}"arguments": {arguments}}}{TOOL_CALL_CLOSE}'
+    return f"{TOOL_CALL_OPEN}{json.dumps({**head, 'name': name, 'arguments': arguments})}{TOOL_CALL_CLOSE}"
 
 
-def tools_instruction() -> str:
-    """The plain-text protocol, as the prompt states it."""
+def json_call_schema(files: Mapping[str, str], read: frozenset[str] = frozenset()) -> list[dict]:
+    """The JSON schemas of a `json` turn's tool calls: `read_file` of one of `files` not `read`
+    yet (a small model reads one file again and again), `search_text`."""
+    paths = [p for p in files if p not in read]
+    reads = [
+        {
+            "type": "object",
+            "properties": {
+                "tool": {"const": "read_file"},
+                "arguments": {
+                    "type": "object",
+                    "properties": {"path": {"enum": paths}},
+                    "required": ["path"],
+                    "additionalProperties": False,
+                },
+            },
+            "required": ["tool", "arguments"],
+            "additionalProperties": False,
+        }
+    ]
+    return [
+        *(reads if paths else []),
+        {
+            "type": "object",
+            "properties": {
+                "tool": {"const": "search_text"},
+                "arguments": {
+                    "type": "object",
+                    "properties": {"text": {"type": "string", "minLength": 1, "maxLength": 80}},
+                    "required": ["text"],
+                    "additionalProperties": False,
+                },
+            },
+            "required": ["tool", "arguments"],
+            "additionalProperties": False,
+        },
+    ]
+
+
+def parse_json_reply(reply: str) -> tuple[ParsedCall | None, dict | None, str]:
+    """A `json` turn's reply: (the tool call, None, "") or (None, the answer, "") or (None, None,
+    why it is neither: cut off by the token limit, not JSON)."""
+    try:
+        data = json.loads(reply)
+    except json.JSONDecodeError as exc:
+        return None, None, f"the reply is not one JSON object ({exc.msg}); it may have been cut off"
+    if not isinstance(data, dict):
+        return None, None, "the reply must be one JSON object"
+    if "tool" in data:
+        [call] = parse_tool_calls(f"{TOOL_CALL_OPEN}{reply}{TOOL_CALL_CLOSE}")
+        return call, None, ""
+    return None, data, ""
+
+
+EDIT_EXAMPLE = "app.py\n<<<<<<< SEARCH\n    return x\n=======\n    return x + 1\n>>>>>>> REPLACE"
+
+
+def tools_instruction(protocol: ToolProtocol = "text") -> str:
+    """How the turn calls tools and gives its edits, as the prompt states it."""
+    if protocol == "json":
+        return (
+            "Reply with ONE JSON object. To read a file first: "
+            '{"tool": "read_file", "arguments": {"path": "calc.py"}}. '
+            "To answer, give your edits: each names a file, one of its lines exactly as written "
+            "(search) and the line(s) replacing it: "
+            '{"edits": [{"path": "app.py", "search": "    return x", "replace": "    return x + 1"}], '
+            '"rationale": "why"}.'
+        )
+    answer = (
+        "When you are done, answer with no tool call: give each change as a search/replace block, "
+        "the file's path on its own line, then the exact lines to find and what replaces them:\n"
+        f"{EDIT_EXAMPLE}\n"
+        "(A unified diff in a ```diff block is accepted too.)"
+    )
+    if protocol == "openai":  # the engine's chat template lists the tools: the prompt says no more
+        return answer
     lines = [f"- {t.name}({', '.join(t.parameters['properties'])}): {t.description}" for t in TOOLS]
     return (
         "You may call tools before you answer. To call one, write exactly one line\n"
         f'{TOOL_CALL_OPEN}{{"name": "read_file", "arguments": {{"path": "calc.py"}}}}{TOOL_CALL_CLOSE}\n'
-        "and stop: the result comes in the next message. Tools:\n" + "\n".join(lines) + "\n"
-        "When you are done, give your answer with no tool call."
+        "and stop: the result comes in the next message. Tools:\n" + "\n".join(lines) + "\n" + answer
+    )
+
+
+def _one_line(text: str, limit: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def step_line(step: ToolStep, limit: int = 80) -> str:
+    """A tool call as a person follows it, on one line: the tool, its arguments cut to a line,
+    its outcome (the output's first line, or why it did not run) and its time."""
+    call = json.dumps(step.arguments) if step.parsed else f"unparsed {step.text!r}"
+    first = next((line for line in step.output.splitlines() if line.strip()), "(no output)")
+    return (
+        f"{step.name} {_one_line(call, limit)} -> {_one_line(first, limit)} ({step.duration_ms / 1000:.1f} s)"
     )
 
 

@@ -108,6 +108,23 @@ class PatchEvidence(BaseModel):
     not_run: str = ""  # why nothing could run (no isolation), else ""
 
 
+class PushedBranch(BaseModel):
+    """What the `winning_branch` step did with the winning patch: the branch it pushed (with the
+    commit, to which remote), or why it did not ("" fields: no patch or no remote)."""
+
+    branch: str = ""
+    commit: str = ""
+    remote: str = ""
+    error: str = ""  # the push failed: why
+
+    @property
+    def said(self) -> str:
+        """One line for a person: where the patch went, or why it did not."""
+        if self.branch:
+            return f"pushed as {self.branch} ({self.commit[:12]}) to {self.remote}"
+        return f"push failed: {self.error}" if self.error else "not pushed"
+
+
 class Workspace(BaseModel):
     """The checkout at the resolved commit, stored read-only; its index and baseline test result.
     `repo` None: the task names no repository (the partition's workspace is empty)."""

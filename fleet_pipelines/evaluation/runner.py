@@ -19,7 +19,7 @@ import ray
 
 from ..dispatch.ray_dispatch import AnyEngineSettings, DispatchSettings, RayTurnDispatcher
 from ..domain.councils import CouncilSettings, build_council
-from ..domain.deliberation import CodeChecker, current_versions, proposal_requests, review_rounds
+from ..domain.deliberation import CodeChecker, TurnRunner, current_versions, proposal_requests, review_rounds
 from ..domain.models import (
     MAX_EXAMPLES,
     AgentSpec,
@@ -153,6 +153,8 @@ def evaluate_problem(
     """Arms A, D (whose round 0 is C's proposals), E, then B at D's token budget, on one problem
     (a repository problem: in its workspace, candidates judged by their patches)."""
     if problem.repo_case:
+        from ..domain.tools import StepBudget
+        from ..workspace.turns import repository_turns
         from .repo_problems import RepoJudge, problem_workspace, repo_task
 
         limits = RepoRunLimits()
@@ -161,7 +163,13 @@ def evaluate_problem(
                 problem, workspace, settings.num_agents, settings.rounds, settings.problem_timeout_s
             )
             judge = RepoJudge(problem, task, workspace, limits, settings.weights)
-            return _arms(task, settings, engine, dispatch, judge, judge.feedback())
+
+            def edits(run_step: TurnRunner) -> TurnRunner:  # answers' edits become their patches
+                return repository_turns(
+                    run_step, workspace, engine.tool_protocol, limits, StepBudget(), offer=False
+                )
+
+            return _arms(task, settings, engine, dispatch, judge, judge.feedback(), edits)
     task = problem_task(problem, settings)
     judge = CandidateJudge(problem, task, settings)
     return _arms(task, settings, engine, dispatch, judge, feedback_checker(problem, task, settings.sandbox))
@@ -174,6 +182,7 @@ def _arms(
     dispatch: DispatchSettings,
     judge: Judge,
     check_code: CodeChecker,
+    edits: Callable[[TurnRunner], TurnRunner] | None = None,
 ) -> list[ev.ArmOutcome]:
     m = settings.max_tokens
     council_settings = CouncilSettings(
@@ -181,7 +190,11 @@ def _arms(
     )
     agents = build_council(task.role, task.num_agents, council_settings)
     baseline = agents[0]
-    run_turns = RayTurnDispatcher(engine, dispatch, deadline=time.time() + settings.problem_timeout_s)
+    run_turns: TurnRunner = RayTurnDispatcher(
+        engine, dispatch, deadline=time.time() + settings.problem_timeout_s
+    )
+    if edits is not None:
+        run_turns = edits(run_turns)
 
     start = time.perf_counter()
     greedy = run_turns(

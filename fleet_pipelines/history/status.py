@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field
 
 from ..domain.decision import Decision
+from ..domain.workspace import PushedBranch
 from ..names import (
     DECISION,
     DELIBERATION_ASSETS,
@@ -40,6 +41,7 @@ from ..names import (
     DELIBERATION_TASK,
     PARTITION_TAG,
     TURN_LOG_PREFIX,
+    WINNING_BRANCH,
 )
 from .stored import read_stored, read_stored_entry, stored_run_id
 
@@ -82,12 +84,23 @@ class TaskResult(BaseModel):
     reasons: list[str] = Field(default_factory=list, description="Why this status and winner.")
     winner_content: str | None = Field(default=None, description="The winning proposal.")
     winner_patch: str | None = Field(default=None, description="A repository task: the winning unified diff.")
+    pushed_branch: str | None = Field(
+        default=None, description="A repository task: the branch the winning patch was pushed as."
+    )
     events_pending: int = Field(
         default=0, description="Events of the run kept while NATS was unreachable, not yet published."
     )
 
 
-def from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
+def pushed_branch(base_path: str, task_id: str, run_id: str) -> str | None:
+    """The branch `winning_branch` stored for the run (None: not pushed, or not by this run)."""
+    stored = read_stored_entry(base_path, WINNING_BRANCH, task_id)
+    if stored is None or stored[1] != run_id or not isinstance(stored[0], PushedBranch):
+        return None
+    return stored[0].branch or None
+
+
+def from_decision(task_id: str, run_id: str, decision: Decision, branch: str | None = None) -> TaskResult:
     return TaskResult(
         task_id=task_id,
         status=TaskStatus(decision.status.value),
@@ -99,6 +112,7 @@ def from_decision(task_id: str, run_id: str, decision: Decision) -> TaskResult:
         reasons=decision.reasons,
         winner_content=decision.winner_content or None,
         winner_patch=decision.winner_patch or None,
+        pushed_branch=branch,
     )
 
 
@@ -111,7 +125,7 @@ def stored_result(base_path: str, task_id: str) -> TaskResult | None:
     started = read_stored_entry(base_path, DELIBERATION_TASK, task_id)
     if run_id is None or started is None or started[1] != run_id or not isinstance(decision, Decision):
         return None
-    return from_decision(task_id, run_id, decision)
+    return from_decision(task_id, run_id, decision, pushed_branch(base_path, task_id, run_id))
 
 
 def undecided_result(
@@ -233,7 +247,8 @@ def task_result(
     decided_at = _decided_at(instance, task_id, run.run_id)
     if decided_at is not None:
         if live:
-            return from_decision(task_id, run.run_id, read_stored(base_path, DECISION, task_id))
+            decision = read_stored(base_path, DECISION, task_id)
+            return from_decision(task_id, run.run_id, decision, pushed_branch(base_path, task_id, run.run_id))
         day = day_of(decided_at)
         return _from_log(task_id, run.run_id, day, read_log(base_path, day))
     if run.status.value in FAILED_RUN:

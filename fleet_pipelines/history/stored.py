@@ -19,7 +19,7 @@ from ..domain.councils import Convened
 from ..domain.decision import Decision
 from ..domain.models import Task, TurnResult, safe_partition_key
 from ..domain.scoring import ProposalScore
-from ..domain.workspace import Workspace
+from ..domain.workspace import PushedBranch, Workspace
 
 
 class StoredValueError(ValueError):
@@ -28,7 +28,8 @@ class StoredValueError(ValueError):
 
 # Every model an asset stores, by name (the name written in the file).
 STORED_MODELS: dict[str, type[BaseModel]] = {
-    m.__name__: m for m in (Task, StoryContext, Workspace, Convened, TurnResult, ProposalScore, Decision)
+    m.__name__: m
+    for m in (Task, StoryContext, Workspace, Convened, TurnResult, ProposalScore, Decision, PushedBranch)
 }
 
 

@@ -160,8 +160,10 @@ class ChatEngine:
     ) -> Completion:
         """One streamed chat completion; with `response_schema` the engine constrains the reply to
         that JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM guided decoding).
-        With `tools` (OpenAI tool calling) the calls the engine returns are written into the reply
-        in the text protocol's form (`domain.tools.render_call`), so one parser reads both. With
+        With `tools` (OpenAI tool calling) the streamed `tool_calls` deltas are assembled by index
+        (id, name, argument pieces) and each call is written into the reply in the text protocol's
+        form with its id (`domain.tools.render_call`), so one parser reads both and the call's
+        `tool` answer names it. With
         `slot`, llama.cpp decodes it in that slot, reusing the prompt prefix the slot holds
         (`id_slot`, `cache_prompt`); only for llama.cpp, whose slots the ids are."""
         s = self.settings
@@ -221,7 +223,7 @@ class ChatEngine:
         start = time.perf_counter()
         opening = self._client.chat.completions.create(
             model=s.model,
-            messages=[m.model_dump() for m in messages],
+            messages=[m.wire() for m in messages],
             temperature=temperature,
             max_tokens=max_tokens,
             stop=stop or openai.NOT_GIVEN,
@@ -238,7 +240,7 @@ class ChatEngine:
                 "FirstTokenTimeout", f"no answer for {s.first_token_timeout_s:.0f} s", attempts
             ) from None
         parts: list[str] = []
-        calls: dict[int, list[str]] = {}  # streamed tool calls by index: name, then argument pieces
+        calls: dict[int, list[str]] = {}  # streamed tool calls by index: id, name, argument pieces
         first_token_ms = 0.0
         model, tokens_in, tokens_out, tokens_cached = s.model, 0, 0, 0
         async with stream:  # leaving the block (error, cancel, deadline) closes the response
@@ -265,10 +267,11 @@ class ChatEngine:
                     tokens_cached = (details.cached_tokens or 0) if details else 0
                 delta = chunk.choices[0].delta if chunk.choices else None
                 for call in (delta.tool_calls or []) if delta is not None else []:
-                    pieces = calls.setdefault(call.index, ["", ""])
+                    pieces = calls.setdefault(call.index, ["", "", ""])
+                    pieces[0] = pieces[0] or call.id or ""
                     if call.function is not None:
-                        pieces[0] += call.function.name or ""
-                        pieces[1] += call.function.arguments or ""
+                        pieces[1] += call.function.name or ""
+                        pieces[2] += call.function.arguments or ""
                 text = delta.content if delta is not None else None
                 if text:
                     if not parts:
@@ -276,8 +279,8 @@ class ChatEngine:
                     parts.append(text)
                     if on_text is not None:
                         on_text(text)
-        for name, arguments in (calls[i] for i in sorted(calls)):
-            rendered = "\n" + render_call(name, arguments)
+        for call_id, name, arguments in (calls[i] for i in sorted(calls)):
+            rendered = "\n" + render_call(name, arguments, call_id)
             parts.append(rendered)
             if on_text is not None:
                 on_text(rendered)

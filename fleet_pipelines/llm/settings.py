@@ -11,6 +11,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from ..domain.tools import ToolProtocol
+
+TOOL_PROTOCOL_DESCRIPTION = (
+    "How agents call tools and give edits on repository tasks with this engine: `json` (every reply "
+    "decoded under a JSON schema, so a call or an edit always parses: llama.cpp, vLLM; the choice for "
+    "small models), `openai` (native tool calling: llama.cpp's jinja templates, vLLM with a tool "
+    "parser), `text` (a plain-text protocol any engine takes, nothing enforced)."
+)
+
 
 class EngineSettings(BaseModel):
     """Where the engine is and how patiently to call it. Travels to Ray workers as a value."""
@@ -47,6 +56,7 @@ class EngineSettings(BaseModel):
     )
     backoff_initial_s: float = Field(default=0.5, ge=0, description="First retry backoff (exponential).")
     backoff_max_s: float = Field(default=8.0, ge=0, description="Longest retry backoff.")
+    tool_protocol: ToolProtocol = Field(default="json", description=TOOL_PROTOCOL_DESCRIPTION)
 
 
 class VLLMActorSettings(BaseModel):
@@ -76,6 +86,13 @@ class VLLMActorSettings(BaseModel):
     load_timeout_s: float = Field(default=900.0, gt=0, description="Wait for the model to load.")
     first_token_timeout_s: float = Field(default=180.0, gt=0, description="From sending to the first token.")
     idle_timeout_s: float = Field(default=60.0, gt=0, description="Longest gap between tokens.")
+    tool_protocol: ToolProtocol = Field(default="json", description=TOOL_PROTOCOL_DESCRIPTION)
+    chat_template: str | None = Field(
+        default=None,
+        description="Jinja chat template the actor renders with instead of the model's own: one with "
+        "tools (`llm.chat_template.CHATML_TOOLS` for SmolLM2) for `tool_protocol: openai` on a model "
+        "whose template has none; None: the model's.",
+    )
 
     @property
     def tensor_parallel_size(self) -> int:

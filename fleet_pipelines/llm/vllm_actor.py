@@ -58,7 +58,7 @@ class VLLMEngineActor:
 
     async def stream(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict],
         temperature: float,
         max_tokens: int,
         stop: list[str] | None = None,
@@ -67,12 +67,19 @@ class VLLMEngineActor:
     ):
         """One request in the running batch, yielded as text deltas; a final item carries the token
         counts. Cancelling the call (the admission queue abandons the turn) aborts the request.
-        `tools` (OpenAI form) go to the model's chat template; its calls come back as its text."""
+        `tools` (OpenAI form) go to the chat template (the settings' `chat_template`, else the
+        model's); the calls the model writes (Hermes `<tool_call>` JSON) come back as its text,
+        which the tool loop parses like the engine client's rendered calls; `response_schema`
+        constrains the reply by guided decoding (the `json` protocol)."""
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
         prompt = self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True
+            messages,
+            tools=tools,
+            chat_template=self.settings.chat_template,
+            tokenize=False,
+            add_generation_prompt=True,
         )
         params = SamplingParams(
             temperature=temperature,
@@ -157,7 +164,7 @@ class VLLMActorEngine:
                 self._loaded = True
             start = time.perf_counter()
             deltas = self._actor.stream.options(num_returns="streaming").remote(
-                [m.model_dump() for m in messages], temperature, max_tokens, stop, response_schema, tools
+                [m.wire() for m in messages], temperature, max_tokens, stop, response_schema, tools
             )
         except (RayError, TimeoutError) as exc:
             raise EngineError(type(exc).__name__, f"vLLM engine actor not available: {exc}", 1) from exc

@@ -23,7 +23,6 @@ from ..domain.councils import (
 from ..domain.models import Role, Task
 from ..names import TAG_ENGINE
 from .config import SandboxLimitsConfig, ScoringWeightsConfig, derived_model
-from .repos import ReposConfig
 
 
 def read_councils(path: str) -> CouncilsFile:
@@ -62,11 +61,6 @@ class CouncilResource(_CouncilSettingsFields):
     )
     sandbox: SandboxLimitsConfig = Field(
         default_factory=SandboxLimitsConfig, description="Limits of one sandboxed test run."
-    )
-    repos: ReposConfig = Field(
-        default_factory=ReposConfig,
-        description="Repository tasks: workspaces, their caps and run limits, where winning patches "
-        "are pushed.",
     )
     quorum: int | None = Field(
         default=None,

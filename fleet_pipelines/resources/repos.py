@@ -1,23 +1,24 @@
-"""`council.repos`: where repository tasks' workspaces live, their caps and run limits, the token of
-private remotes (read from the environment only) and where winning patches are pushed."""
+"""The `repos` resource: where repository tasks' workspaces live, their caps and run limits, the
+token of private remotes (read from the environment only), where winning patches are pushed, and
+the tools agents call on them. Its own resource (it was `council.repos`): a repository's settings
+are not the council's sampling."""
 
 from __future__ import annotations
 
 import os
-from typing import Literal
 
 import dagster as dg
 from pydantic import Field
 
 from ..domain.deliberation import TurnRunner
 from ..domain.models import RepoSpec
-from ..domain.tool_turns import tool_turns
-from ..domain.tools import TOOLS, StepBudget
-from ..domain.workspace import Workspace
-from ..workspace.checkout import CheckoutLimits
+from ..domain.tools import StepBudget, ToolProtocol
+from ..domain.workspace import PushedBranch, Workspace
+from ..workspace.checkout import CheckoutError, CheckoutLimits
 from ..workspace.prepare import prepare_workspace, workspaces_root
 from ..workspace.push import branch_name, push_patch
-from ..workspace.runs import RepoRunLimits, run_tool
+from ..workspace.runs import RepoRunLimits
+from ..workspace.turns import repository_turns
 from .config import derived_config
 
 StepBudgetConfig = derived_config(StepBudget, "StepBudgetConfig")
@@ -49,8 +50,9 @@ CheckoutLimitsConfig = derived_config(
 )
 
 
-class ReposConfig(dg.Config):
-    """Workspaces of repository tasks (`task.repo`)."""
+class ReposResource(dg.ConfigurableResource):
+    """Workspaces of repository tasks (`task.repo`), the tools agents call on them, and the push
+    of a winning patch."""
 
     root: str = Field(
         default="",
@@ -67,37 +69,40 @@ class ReposConfig(dg.Config):
         description="Git URL or path the winning patch is pushed to as branch `fleet/{task_id}` "
         "(FLEET_PUSH_REMOTE); empty: no push.",
     )
-    checkout: CheckoutLimitsConfig = Field(default_factory=CheckoutLimitsConfig)
-    runs: RepoRunLimitsConfig = Field(default_factory=RepoRunLimitsConfig)
+    checkout: CheckoutLimitsConfig = Field(
+        default_factory=CheckoutLimitsConfig, description="What a checkout may hold."
+    )
+    runs: RepoRunLimitsConfig = Field(
+        default_factory=RepoRunLimitsConfig, description="Limits of one sandboxed repository run."
+    )
     tools: bool = Field(
         default=True,
-        description="Agents may call tools (list, read, search files, run the tests) while they write "
-        "or revise a patch, each call in the sandbox against the read-only workspace.",
-    )
-    tool_protocol: Literal["text", "openai"] = Field(
-        default="text",
-        description="`text`: the plain-text protocol any model follows; `openai`: also offer the tools "
-        "as OpenAI `tools` (an engine with tool calling: vLLM with a tool parser, llama.cpp with --jinja).",
+        description="Agents may call tools (read, search files, run the tests) while they write or "
+        "revise a patch, each call in the sandbox against the read-only workspace. Off: their edits "
+        "are still checked and turned into the patch.",
     )
     step_budget: StepBudgetConfig = Field(
-        default_factory=StepBudgetConfig, description="What one turn may spend on tools."
+        default_factory=StepBudgetConfig,
+        description="What one turn may spend on tools (a failed edit answered counts as a call).",
     )
 
     def tool_runner(
-        self, run_step: TurnRunner, workspace: Workspace, on_step=None, on_result=None
+        self,
+        run_step: TurnRunner,
+        workspace: Workspace,
+        protocol: ToolProtocol,
+        on_step=None,
+        on_result=None,
     ) -> TurnRunner:
-        """The turn runner of a repository task's agents: tools in the sandbox, within the budget."""
-        limits = self.run_limits()
-
-        def execute(name: str, arguments: dict) -> str:
-            return run_tool(workspace, name, arguments, limits)
-
-        openai_tools = [t.openai() for t in TOOLS] if self.tool_protocol == "openai" else None
-        return tool_turns(
+        """The turn runner of a repository task's agents: tools in the sandbox within the budget,
+        in the engine's `protocol`, and their edits checked against the checkout's files."""
+        return repository_turns(
             run_step,
-            execute,
+            workspace,
+            protocol,
+            self.run_limits(),
             self.step_budget.to_model(),
-            openai_tools=openai_tools,
+            offer=self.tools,
             on_step=on_step,
             on_result=on_result,
         )
@@ -114,11 +119,21 @@ class ReposConfig(dg.Config):
             task_id, repo, root, self.checkout.to_model(), self.run_limits(), self.token()
         )
 
-    def push(self, workspace: Workspace, patch: str, message: str) -> str:
-        """Pushes the winning patch as `fleet/{task_id}`; returns the branch ("" when no remote)."""
-        if not self.push_remote:
-            return ""
-        push_patch(
-            workspace.url, workspace.commit, patch, self.push_remote, workspace.task_id, message, self.token()
-        )
-        return branch_name(workspace.task_id)
+    def push(self, workspace: Workspace, patch: str, message: str) -> PushedBranch:
+        """Pushes the winning patch as `fleet/{task_id}` (nothing without a remote); a failed
+        push is said in the result, never raised."""
+        if not self.push_remote or not patch.strip():
+            return PushedBranch()
+        try:
+            commit = push_patch(
+                workspace.url,
+                workspace.commit,
+                patch,
+                self.push_remote,
+                workspace.task_id,
+                message,
+                self.token(),
+            )
+        except CheckoutError as exc:
+            return PushedBranch(remote=self.push_remote, error=str(exc)[:300])
+        return PushedBranch(branch=branch_name(workspace.task_id), commit=commit, remote=self.push_remote)

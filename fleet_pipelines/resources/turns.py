@@ -28,6 +28,7 @@ from pydantic import Field, SecretStr
 from ..domain.councils import EngineEntry
 from ..domain.deliberation import OnChunk, OnResult, TurnRunner
 from ..domain.models import TurnRequest, TurnResult
+from ..domain.tools import ToolProtocol
 from ..llm.settings import EngineSettings
 from .config import EngineConfig
 
@@ -78,6 +79,10 @@ class TurnRunnerResource(dg.ConfigurableResource, ABC):
 
     def release_engine(self, run_id: str, engine: EngineEntry | None = None) -> None:
         """The run sends no more turns to the engine (its claim goes to the next run)."""
+
+    def tool_protocol(self, engine: EngineEntry | None = None) -> ToolProtocol:
+        """How agents call tools on the engine (`domain.tools`); `text` unless the engine says."""
+        return "text"
 
 
 class RayTurnRunner(TurnRunnerResource):
@@ -134,6 +139,9 @@ class RayTurnRunner(TurnRunnerResource):
         with contextlib.suppress(ray.exceptions.RayError):
             ray.get(engine_queue(settings, self.dispatch_settings()).release.remote(run_id))
 
+    def tool_protocol(self, engine: EngineEntry | None = None) -> ToolProtocol:
+        return self.engine_settings(engine).tool_protocol
+
     def engine_settings(self, engine: EngineEntry | None) -> EngineSettings:
         """The engine a run's turns go to: the council's own (`role_engine`), else the runner's."""
         return self.engine.to_model() if engine is None else self.role_engine(engine)
@@ -153,5 +161,6 @@ class RayTurnRunner(TurnRunnerResource):
                 "model": engine.model,
                 "slots": engine.slots,
                 "api_key": SecretStr(key) if key else None,
+                **({"tool_protocol": engine.tool_protocol} if engine.tool_protocol else {}),
             }
         )

@@ -158,22 +158,23 @@ def test_decision_checks_judge_each_partition_alone(stack_env, dagster_instance)
 
 
 def test_a_repository_task_with_the_real_engine_never_fails(stack_env, dagster_instance, tmp_path: Path):
-    """SmolLM2-135M writes what it writes (tool calls it cannot form, diffs that do not apply): the
-    deliberation still ends COMPLETED or PARTIAL, with every agent's turn and tool steps kept."""
+    """SmolLM2-135M writes what it writes, under the engine's default `json` protocol (every call
+    schema-constrained): the deliberation ends COMPLETED or PARTIAL, every agent's turn and tool
+    steps kept, and every tool call it made parsed."""
     import shutil
     import tempfile
 
     from fleet_pipelines.domain.tools import StepBudget
     from fleet_pipelines.evaluation.repo_suite import REPO_CASES, create_repo, repo_task_fields
     from fleet_pipelines.resources.council import CouncilResource
-    from fleet_pipelines.resources.repos import ReposConfig
+    from fleet_pipelines.resources.repos import ReposResource
     from fleet_pipelines.workspace.checkout import make_writable
 
     root = Path(tempfile.mkdtemp(prefix="fleet-e2e-ws-"))
     os.chmod(root, 0o755)
     council = stack_env["council"]
-    repos = ReposConfig(root=str(root))
-    resources = {**stack_env, "council": CouncilResource(max_tokens=council.max_tokens, repos=repos)}
+    repos = ReposResource(root=str(root))
+    resources = {**stack_env, "council": CouncilResource(max_tokens=council.max_tokens), "repos": repos}
     case = REPO_CASES[0]
     try:
         fields = repo_task_fields(case, create_repo(case, tmp_path / "calc"), agents=2, rounds=1)
@@ -187,6 +188,8 @@ def test_a_repository_task_with_the_real_engine_never_fails(stack_env, dagster_i
         budget = StepBudget()
         assert all(1 <= p.engine_calls <= budget.max_tool_calls + 1 for p in proposals)
         assert all(len(p.tool_steps) <= budget.max_tool_calls for p in proposals)
+        calls = [s for p in proposals for s in p.tool_steps if s.name != "edit"]
+        assert all(s.parsed for s in calls)  # decoded under the schema: well formed or absent
         scores = result.output_for_node("scores")
         assert all(s.check("patch_applies") is not None for s in scores)
     finally:

@@ -29,14 +29,14 @@ from fleet_pipelines.cli import fleet as fleet_cli
 from fleet_pipelines.domain.decision import Decision
 from fleet_pipelines.domain.models import TurnResult
 from fleet_pipelines.domain.scoring import ProposalScore
-from fleet_pipelines.domain.workspace import Workspace
+from fleet_pipelines.domain.workspace import PushedBranch, Workspace
 from fleet_pipelines.evaluation.repo_suite import REPO_CASES, create_repo, repo_task_fields
 from fleet_pipelines.events.streams import streaming_subject
 from fleet_pipelines.history.stored import read_stored
 from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.io import DomainIOManager
-from fleet_pipelines.resources.repos import ReposConfig
+from fleet_pipelines.resources.repos import ReposResource
 from fleet_pipelines.sandbox import isolation_available
 from fleet_pipelines.workspace.push import remote_branch_commit
 from tests.scripted import ScriptedTurnRunner
@@ -93,13 +93,14 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
         tool_replies={"agent-dev-003": TOOL_REPLIES},
     )
     storage = tmp_path / "storage"
-    council = CouncilResource(repos=ReposConfig(root=str(workspaces), push_remote=str(remote)))
+    repos = ReposResource(root=str(workspaces), push_remote=str(remote))
     defs = dg.Definitions(
         assets=deliberation_assets,
         jobs=[build_deliberation_job()],
         resources={
             "turn_runner": runner,
-            "council": council,
+            "council": CouncilResource(),
+            "repos": repos,
             "io_manager": DomainIOManager(base_path=str(storage)),
             "nats": nats_resource,
         },
@@ -112,9 +113,13 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
             instance=instance,
             partition_key=task_id,
         )
-        events = instance.get_latest_materialization_event(dg.AssetKey("decision_events"))
+        pushed = instance.get_latest_materialization_event(dg.AssetKey("winning_branch"))
+        observed = instance.fetch_observations(dg.AssetKey("decision"), limit=1).records
     assert result.success
-    assert events.asset_materialization.metadata["pushed_branch"].value == f"fleet/{task_id}"
+    assert pushed.asset_materialization.metadata["pushed_branch"].value == f"fleet/{task_id}"
+    assert observed[0].asset_observation.metadata["pushed_branch"].value == f"fleet/{task_id}"
+    branch: PushedBranch = read_stored(str(storage), "winning_branch", task_id)
+    assert branch.branch == f"fleet/{task_id}" and branch.remote == str(remote)
 
     workspace: Workspace = read_stored(str(storage), "workspace", task_id)
     head = subprocess.run(["git", "-C", str(source), "rev-parse", "main"], capture_output=True, text=True)
@@ -181,6 +186,8 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
     )
     assert cli.exit_code == 0, cli.output
     assert cli.output == CASE.fix
+    shown = CliRunner().invoke(fleet_cli, ["result", task_id], env={"FLEET_STORAGE_PATH": str(storage)})
+    assert f"winning patch, pushed as fleet/{task_id}:" in shown.output, shown.output
 
 
 def test_when_no_patch_applies_the_decision_says_so_and_the_winner_fails_its_checks(
@@ -198,7 +205,8 @@ def test_when_no_patch_applies_the_decision_says_so_and_the_winner_fails_its_che
         jobs=[build_deliberation_job()],
         resources={
             "turn_runner": runner,
-            "council": CouncilResource(repos=ReposConfig(root=str(workspaces))),
+            "council": CouncilResource(),
+            "repos": ReposResource(root=str(workspaces)),
             "io_manager": DomainIOManager(base_path=str(storage)),
             "nats": nats_resource,
         },

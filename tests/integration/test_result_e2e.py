@@ -17,6 +17,7 @@ from fleet_pipelines.cli import REPO_ROOT
 from fleet_pipelines.definitions import defs
 from fleet_pipelines.events.streams import AGENT_RESPONSE_COMPLETED, DELIBERATION_COMPLETED
 from fleet_pipelines.resources.council import CouncilResource
+from fleet_pipelines.resources.repos import ReposResource
 from fleet_pipelines.sensors.planning import PLANNING_SENSOR
 from tests.factories import read_subject
 
@@ -65,7 +66,7 @@ def test_deliberate_sensor_run_event_and_result(
     with dg.build_sensor_context(  # closed: see tests/integration/test_sensor_planning.py's tick()
         instance_ref=instance.get_ref(),
         definitions=defs,
-        resources={"nats": nats_resource, "council": CouncilResource()},
+        resources={"nats": nats_resource, "council": CouncilResource(), "repos": ReposResource()},
     ) as context:
         tick = defs.get_sensor_def(PLANNING_SENSOR).evaluate_tick(context)
     [request] = tick.run_requests

@@ -23,6 +23,7 @@ from fleet_pipelines.events.streams import (
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.history import HistoryResource
+from fleet_pipelines.resources.repos import ReposResource
 from fleet_pipelines.sensors import planning as planning_module
 from fleet_pipelines.sensors.planning import PLANNING_SENSOR, Cursor
 from fleet_pipelines.sensors.run_failure import RUN_FAILURE_SENSOR
@@ -58,7 +59,7 @@ def tick(instance: dg.DagsterInstance, nats: NatsResource, cursor: str | None):
         instance_ref=instance.get_ref(),
         cursor=cursor,
         definitions=defs,
-        resources={"nats": nats, "council": CouncilResource()},
+        resources={"nats": nats, "council": CouncilResource(), "repos": ReposResource()},
     ) as context:
         data = SENSOR.evaluate_tick(context)
     return data.run_requests or [], data.cursor, data.skip_message, data

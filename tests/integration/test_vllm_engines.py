@@ -3,6 +3,10 @@
 1. vLLM's OpenAI-compatible server, called by our ChatEngine (the default `openai` backend).
 2. vLLM's own engine in a Ray actor (`vllm_actor` backend), fed by the Ray turn dispatcher.
 
+Both with tools: a native call (vLLM's hermes tool parser on the server; the actor's text, parsed
+by the tool loop) run in the sandbox and answered as a `tool` message, and the `json` protocol
+(guided decoding) whose every call parses.
+
 At most one vLLM engine runs at a time: each class owns its engine and stops it at its end.
 Run with `make test-vllm` (builds .venv-vllm); without the vllm extra the module is skipped with
 the reason shown. The GPU path (num_gpus >= 1, CUDA vLLM) is not tested here: no GPU in CI.
@@ -28,17 +32,32 @@ from fleet_pipelines.assets.deliberation import (
     materialize_deliberation,
 )
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
-from fleet_pipelines.domain.models import Message, Role, TurnKind, TurnRequest, TurnStatus
+from fleet_pipelines.domain.models import (
+    Message,
+    RepoSpec,
+    Role,
+    TurnKind,
+    TurnRequest,
+    TurnResult,
+    TurnStatus,
+)
+from fleet_pipelines.evaluation.repo_suite import create_repo
+from fleet_pipelines.llm.chat_template import CHATML_TOOLS
 from fleet_pipelines.llm.engine import ChatEngine, EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME, fetch_model
 from fleet_pipelines.llm.vllm_actor import (
+    VLLMActorEngine,
     VLLMActorSettings,
     convert_gguf_to_hf,
     engine_actor,
     stop_engine_actor,
 )
+from fleet_pipelines.resources.repos import ReposResource, StepBudgetConfig
+from fleet_pipelines.sandbox import isolation_available
+from tests.integration.test_native_tools import CASE, assert_called_run_and_answered, native_call_turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+needs_sandbox = pytest.mark.skipif(not isolation_available()[0], reason="needs the bubblewrap sandbox")
 
 MAX_TOKENS = 48
 PROMPT = [
@@ -85,6 +104,8 @@ class TestOpenAIServer:
     @pytest.fixture(scope="class")
     def vllm_server(self, hf_model: Path, stack_logs: Path, tmp_path_factory) -> Iterator[str]:
         port = stack.free_port()
+        template = tmp_path_factory.mktemp("template") / "chatml_tools.jinja"
+        template.write_text(CHATML_TOOLS)  # SmolLM2's own template has no tools
         service = stack.launch(
             "vllm-server",
             [
@@ -98,6 +119,10 @@ class TestOpenAIServer:
                 "--dtype=float32",
                 "--enforce-eager",  # the default compiled mode gave garbage greedy output on CPU
                 "--max-model-len=2048",
+                # native tool calls: the Hermes form our template asks for, parsed by vLLM
+                "--enable-auto-tool-choice",
+                "--tool-call-parser=hermes",
+                f"--chat-template={template}",
             ],
             stack_logs,
             env={
@@ -140,6 +165,54 @@ class TestOpenAIServer:
         resources = wiring.resources(FleetSettings.from_env())
         assert resources["turn_runner"].engine.backend == "openai"
         _assert_deliberation_completed(_deliberate(resources, dagster_instance, "vllm-server-add-1"))
+
+    @needs_sandbox
+    def test_a_native_tool_call_on_the_vllm_server(self, vllm_server: str, tmp_path, traversable_dir):
+        engine = ChatEngine(EngineSettings(base_url=vllm_server, model=MODEL_NAME, tool_protocol="openai"))
+        result, sent = native_call_turn(engine.stream, tmp_path, traversable_dir)
+        assert_called_run_and_answered(result, sent)  # vLLM's ids, carried through
+
+    @needs_sandbox
+    def test_json_protocol_calls_parse_under_guided_decoding(
+        self, vllm_server: str, tmp_path, traversable_dir
+    ):
+        engine = ChatEngine(EngineSettings(base_url=vllm_server, model=MODEL_NAME))
+        result = json_protocol_turn(engine.stream, tmp_path, traversable_dir)
+        assert result.tool_steps and all(s.parsed for s in result.tool_steps if s.name != "edit")
+        assert all(s.name in {"read_file", "search_text", "edit"} for s in result.tool_steps)
+
+
+def json_protocol_turn(stream, tmp_path: Path, workspaces: Path):
+    """A proposal turn on calc-add under the `json` protocol, each engine call through `stream`."""
+    repo = create_repo(CASE, tmp_path / "calc-json")
+    repos = ReposResource(root=str(workspaces), step_budget=StepBudgetConfig(max_tool_calls=3))
+    workspace = repos.prepare("json-tools-1", RepoSpec(url=str(repo), ref="main"))
+
+    def run_step(requests):
+        out = []
+        for r in requests:
+            done = asyncio.run(
+                stream(r.messages, r.temperature, r.max_tokens, r.stop, r.response_schema, tools=r.tools)
+            )
+            out.append(
+                TurnResult.for_request(
+                    r, TurnStatus.COMPLETED, content=done.content, tokens_out=done.tokens_out
+                )
+            )
+        return out
+
+    request = TurnRequest(
+        task_id="json-tools-1",
+        agent_id="agent-dev-001",
+        role=Role.DEV,
+        kind=TurnKind.PROPOSE,
+        round=0,
+        messages=[Message(role="user", content=f"{CASE.description}\n\nFix it.")],
+        temperature=0.0,
+        max_tokens=160,
+    )
+    [result] = repos.tool_runner(run_step, workspace, "json")([request])
+    return result
 
 
 class TestRayActor:
@@ -244,3 +317,21 @@ class TestRayActor:
 
     def test_deliberation_routed_to_the_actor(self, actor_resources: dict, dagster_instance):
         _assert_deliberation_completed(_deliberate(actor_resources, dagster_instance, "vllm-actor-add-1"))
+
+    @needs_sandbox
+    def test_tools_on_the_actor_native_and_json(self, actor_resources: dict, tmp_path, traversable_dir):
+        """The actor with our tools template: a call the model writes comes back as its text, is
+        parsed, run in the sandbox and answered as a `tool` message; `json` turns parse under
+        guided decoding. Its own engine (another template): the class's is stopped first, so one
+        engine runs at a time."""
+        settings = actor_resources["turn_runner"].engine.to_model()
+        stop_engine_actor(settings)
+        tooled = settings.model_copy(update={"chat_template": CHATML_TOOLS, "tool_protocol": "openai"})
+        try:
+            engine = VLLMActorEngine(tooled)
+            result, sent = native_call_turn(engine.stream, tmp_path, traversable_dir)
+            assert_called_run_and_answered(result, sent, ids=False)  # the actor's text has no ids
+            answered = json_protocol_turn(engine.stream, tmp_path, traversable_dir)
+            assert answered.tool_steps and all(s.parsed for s in answered.tool_steps if s.name != "edit")
+        finally:
+            stop_engine_actor(tooled)

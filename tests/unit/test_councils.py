@@ -25,6 +25,7 @@ from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.io import DomainIOManager
 from fleet_pipelines.resources.ray_cluster import RayCluster
+from fleet_pipelines.resources.repos import ReposResource
 from fleet_pipelines.resources.turns import RayTurnRunner
 from tests.scripted import ScriptedTurnRunner, recorded
 
@@ -92,6 +93,7 @@ def test_fleet_councils_list_show_validate(tmp_path: Path):
         "model": "tester-model",
         "slots": None,
         "api_key_env": None,
+        "tool_protocol": None,
     }
     assert qa["weights"]["tests"] == 0.35  # defaults filled in
     valid = CliRunner().invoke(fleet, ["councils", "validate", "--file", str(good)])
@@ -109,6 +111,7 @@ def run(tmp_path: Path, nats_url: str, councils_file: str, fields: dict, log: Pa
         resources={
             "turn_runner": ScriptedTurnRunner(code="def f(x):\n    return x", record_to=str(log)),
             "council": CouncilResource(councils_file=councils_file),
+            "repos": ReposResource(),
             "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
             "nats": NatsResource(url=nats_url),
         },
@@ -235,6 +238,9 @@ def test_a_role_engine_has_its_own_slots_key_and_run_queue_tag(tmp_path: Path, m
     settings = stack.role_engine(convened.engine)
     assert (settings.base_url, settings.model, settings.slots) == ("http://10.0.0.7:8000/v1", "big-model", 16)
     assert settings.api_key.get_secret_value() == "sk-big"
+    assert settings.tool_protocol == "json"  # the file names none: the stack engine's
+    tooled = convened.engine.model_copy(update={"tool_protocol": "openai"})
+    assert stack.tool_protocol(tooled) == "openai" and stack.tool_protocol(None) == "json"
     # The run queue limits runs per engine by this tag: a run request's tags win over the job's
     # (dagster 1.13.27, _daemon/sensor.py `_get_or_create_sensor_run`: {**job run tags, **request tags}).
     assert council.engine_tags("ARCHITECT") == {"fleet/engine": "10.0.0.7:8000"}
@@ -274,6 +280,7 @@ def test_the_council_is_convened_once_per_run_and_a_file_changed_mid_run_does_no
         resources={
             "turn_runner": runner,
             "council": CouncilResource(councils_file=str(path)),
+            "repos": ReposResource(),
             "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
             "nats": NatsResource(url=nats_server),
         },
@@ -292,4 +299,4 @@ def test_the_council_is_convened_once_per_run_and_a_file_changed_mid_run_does_no
     # Every step after it reads the `council` asset: lineage shows which council decided.
     graph = defs.resolve_asset_graph()
     readers = {key.to_user_string() for key in graph.get(dg.AssetKey("council")).child_keys}
-    assert readers == {"proposals", "reviews", "scores", "decision", "decision_events"}
+    assert readers == {"proposals", "reviews", "scores", "decision", "winning_branch", "decision_events"}

@@ -39,6 +39,7 @@ from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.history import HistoryResource
 from fleet_pipelines.resources.io import DomainIOManager
+from fleet_pipelines.resources.repos import ReposResource
 from fleet_pipelines.sensors.outbox import build_outbox_sensor
 from fleet_pipelines.sensors.run_failure import build_run_failure_sensor
 from tests.factories import read_subject
@@ -64,6 +65,7 @@ def run_job(
         resources={
             "turn_runner": runner,
             "council": CouncilResource(),
+            "repos": ReposResource(),
             "io_manager": DomainIOManager(base_path=storage),
             "nats": nats
             if isinstance(nats, NatsResource)

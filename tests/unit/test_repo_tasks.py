@@ -108,12 +108,12 @@ def test_the_file_index_names_languages(path, language):
 
 
 def test_a_private_remotes_token_comes_from_the_environment_only(monkeypatch):
-    from fleet_pipelines.resources.repos import ReposConfig
+    from fleet_pipelines.resources.repos import ReposResource
     from fleet_pipelines.workspace.checkout import git_env
 
     monkeypatch.setenv("FLEET_GIT_TOKEN", "s3cret")
-    assert ReposConfig().token() == "s3cret"
-    assert ReposConfig(token_env="OTHER_TOKEN").token() == ""
+    assert ReposResource().token() == "s3cret"
+    assert ReposResource(token_env="OTHER_TOKEN").token() == ""
     env = git_env("/nonexistent", "s3cret")
     header = next(env[k.replace("KEY", "VALUE")] for k, v in env.items() if v == "http.extraHeader")
     assert header.startswith("Authorization: Basic ") and "s3cret" not in header  # base64, in env only

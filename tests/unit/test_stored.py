@@ -33,6 +33,7 @@ def test_values_load_by_their_registered_name_and_files_of_the_earlier_format_st
         "TurnResult",
         "ProposalScore",
         "Decision",
+        "PushedBranch",
     }
 
 

@@ -25,6 +25,7 @@ from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.io import DomainIOManager
+from fleet_pipelines.resources.repos import ReposResource
 from tests.scripted import ScriptedTurnRunner, recorded
 
 ADD = "def add(a, b):\n    return a + b"
@@ -105,6 +106,7 @@ def run(instance, tmp_path: Path, nats_url: str, task_id: str, fields: dict, log
         resources={
             "turn_runner": ScriptedTurnRunner(code=ADD, record_to=str(log)),
             "council": CouncilResource(),
+            "repos": ReposResource(),
             "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
             "nats": NatsResource(url=nats_url),
         },

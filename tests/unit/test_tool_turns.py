@@ -3,9 +3,20 @@ history each turn keeps, and one engine batch per step for all waiting turns."""
 
 from __future__ import annotations
 
+import json
+
 from fleet_pipelines.domain.models import Message, Role, TurnKind, TurnRequest
 from fleet_pipelines.domain.tool_turns import tool_turns
-from fleet_pipelines.domain.tools import TOOL_CALL_CLOSE, StepBudget, ToolSpec, parse_tool_calls, render_call
+from fleet_pipelines.domain.tools import (
+    TOOL_CALL_CLOSE,
+    StepBudget,
+    ToolSpec,
+    ToolStep,
+    parse_tool_calls,
+    render_call,
+    step_line,
+)
+from fleet_pipelines.domain.workspace import extract_patch
 from tests.scripted import ScriptedEngine
 
 READ = '<tool_call>{"name": "read_file", "arguments": {"path": "a.py"}}</tool_call>'
@@ -91,3 +102,107 @@ def test_structured_calls_render_in_the_text_form():
     assert "unknown tool" in unknown.error
     spec = ToolSpec(name="x", description="d", parameters={"type": "object", "properties": {}})
     assert spec.openai()["function"]["name"] == "x"
+
+
+CALC = "def add(a, b):\n    return a - b\n"
+FILES = {"calc.py": CALC}
+ANSWER = json.dumps(
+    {
+        "edits": [{"path": "calc.py", "search": "    return a - b", "replace": "return a + b"}],
+        "rationale": "sign",
+    }
+)
+
+
+def run_json(replies: list[str], protocol="json"):
+    engine = ScriptedEngine(tool_replies={"a1": replies})
+    executed: list[tuple[str, dict]] = []
+
+    def execute(name: str, arguments: dict) -> str:
+        executed.append((name, arguments))
+        return CALC
+
+    runner = tool_turns(engine, execute, StepBudget(), protocol=protocol, files=FILES)
+    [result] = runner([request("a1")])
+    return result, executed, engine
+
+
+def test_a_json_turn_is_schema_constrained_and_its_edits_become_the_patch():
+    call = json.dumps({"tool": "read_file", "arguments": {"path": "calc.py"}})
+    result, executed, engine = run_json([call, ANSWER])
+    assert executed == [("read_file", {"path": "calc.py"})]
+    first = engine.batches[0][0]
+    schema = first.response_schema
+    assert schema is not None and first.tools is None and TOOL_CALL_CLOSE not in first.stop
+    answer = schema["anyOf"][-1]["properties"]["edits"]["items"]
+    assert answer["properties"]["search"] == {"enum": ["def add(a, b):", "    return a - b"]}
+    assert result.content.startswith("sign\n\n```diff\n")
+    assert extract_patch(result.content) == (
+        "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n"
+        " def add(a, b):\n-    return a - b\n+    return a + b\n"
+    )
+
+
+def test_an_edit_that_does_not_match_is_answered_and_the_turn_goes_on():
+    wrong = json.dumps(
+        {"edits": [{"path": "calc.py", "search": "return a * b", "replace": "x"}], "rationale": "r"}
+    )
+    result, _, engine = run_json([wrong, ANSWER])
+    [step] = result.tool_steps
+    assert step.name == "edit" and step.output.startswith(
+        "error: edit 1 (calc.py): the search text is not in"
+    )
+    assert "Result of edit" in engine.batches[1][0].messages[-1].content
+    assert extract_patch(result.content)
+
+
+def test_text_blocks_become_the_patch_and_a_models_diff_stays():
+    block = (
+        "Fix the sign.\n\ncalc.py\n<<<<<<< SEARCH\n    return a - b\n=======\n"
+        "    return a + b\n>>>>>>> REPLACE\n"
+    )
+    result, _, engine = run_json([block], protocol="text")
+    assert engine.batches[0][0].response_schema is None
+    assert "+    return a + b" in extract_patch(result.content)
+    diff = (
+        "```diff\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
+        "-    return a - b\n+    x\n```"
+    )
+    assert run_json([diff], protocol="text")[0].content == diff
+
+
+def test_a_reply_cut_off_mid_json_is_answered_not_run():
+    result, executed, _ = run_json(['{"tool": "read_file", "argu', ANSWER])
+    assert executed == [] and result.tool_steps[0].output.startswith(
+        "error: the reply is not one JSON object"
+    )
+    assert extract_patch(result.content)
+
+
+def test_native_calls_are_answered_as_tool_messages():
+    call = render_call("read_file", '{"path": "calc.py"}', call_id="call_7")
+    result, executed, engine = run_json(
+        [call, "calc.py\n<<<<<<< SEARCH\na - b\n=======\na + b\n>>>>>>> REPLACE"], protocol="openai"
+    )
+    assert executed == [("read_file", {"path": "calc.py"})]
+    assert engine.batches[0][0].tools and engine.batches[0][0].response_schema is None
+    assistant, answer = engine.batches[1][0].messages[-2:]
+    assert assistant.role == "assistant" and assistant.tool_calls[0]["id"] == "call_7"
+    assert assistant.tool_calls[0]["function"] == {"name": "read_file", "arguments": '{"path": "calc.py"}'}
+    assert (answer.role, answer.tool_call_id, answer.content) == ("tool", "call_7", CALC)
+    assert answer.wire() == {"role": "tool", "content": CALC, "tool_call_id": "call_7"}
+    assert "+    return a + b" in extract_patch(result.content)
+
+
+def test_a_step_line_is_one_line_with_outcome_and_time():
+    step = ToolStep(
+        name="read_file", arguments={"path": "calc.py"}, output="1: def add\n2: x", duration_ms=1234
+    )
+    assert step_line(step) == 'read_file {"path": "calc.py"} -> 1: def add (1.2 s)'
+
+
+def test_a_json_turn_reads_each_file_once():
+    call = json.dumps({"tool": "read_file", "arguments": {"path": "calc.py"}})
+    _, _, engine = run_json([call, ANSWER])
+    offered = [o["properties"]["tool"]["const"] for o in engine.batches[1][0].response_schema["anyOf"][:-1]]
+    assert offered == ["search_text"]  # calc.py was read: no read_file left to offer
