@@ -1,10 +1,15 @@
-"""`fleet dev` (what `make dev` runs): stack up, a run launched as the UI does, all down on Ctrl-C."""
+"""`fleet dev` (what `make dev` runs): stack up, a run launched as the UI does, all down on Ctrl-C;
+nothing left running however it (or the load benchmark, which starts one) is stopped."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -14,12 +19,17 @@ from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
 from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import deliberation_partitions, deliberation_run_config
+from fleet_pipelines.cli import REPO_ROOT
+from fleet_pipelines.stack import http_ok
 
 pytestmark = pytest.mark.integration
 
+MARK = "FLEET_TEST_PROCESS_MARK"  # every process started for a test here inherits it
+
 
 def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_path: Path):
-    with stack.fleet_dev(tmp_path, max_tokens=64) as dev:
+    mark = uuid.uuid4().hex
+    with stack.fleet_dev(tmp_path, max_tokens=64, env={MARK: mark}) as dev:
         ui = dev.ports["ui"]
         # What a person does in the UI: add the partition, launch deliberation_job from the launchpad.
         instance = dg.DagsterInstance.from_config(str(dev.dagster_home))
@@ -81,6 +91,7 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
         assert lines[0].startswith("agent-dev-001 propose r0: completed") and " queue " in lines[0]
         assert any(line.startswith("judge judge r0 -> agent-dev-001: completed") for line in lines)
         assert any(line.startswith(f"task {task_id}: COMPLETED (from ") for line in lines)
+    assert left_after(mark) == []  # every part of the stack, the run's processes included
     for port in dev.ports.values():
         assert not stack.port_open("127.0.0.1", port), f"port {port} still open after Ctrl-C"
     # Stopped, the stack is forgotten: a command there now says how to start one, in one line.
@@ -98,3 +109,111 @@ def test_fleet_dev_serves_the_ui_runs_a_launchpad_run_and_stops_everything(tmp_p
         orphan.stderr
         == "fleet deliberate: no NATS server chosen: start the local stack (make dev) or set NATS_URL\n"
     )
+
+
+# -- nothing left running ----------------------------------------------------------------------
+
+
+def marked(mark: str) -> list[str]:
+    """The live processes carrying `MARK`=`mark` in their environment (zombies have none)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if f"{MARK}={mark}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(f"{proc.name}: {(proc / 'cmdline').read_bytes()[:160]!r}")
+        except OSError:  # gone meanwhile, or a kernel thread
+            continue
+    return found
+
+
+def left_after(mark: str, timeout_s: float = 120) -> list[str]:
+    """What still carries the mark once the stack had `timeout_s` to stop (each part may take
+    its 20 s stop timeout); [] as soon as nothing does."""
+    deadline = time.monotonic() + timeout_s
+    while (left := marked(mark)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_fleet_dev_stopped_by_a_signal_while_it_starts_leaves_no_process(tmp_path: Path, signum: int):
+    """Stopped once NATS, the model server and the Ray head are up, while Dagster starts; with
+    SIGHUP (a closed terminal), nobody reads its output any more either."""
+    mark = uuid.uuid4().hex
+    ports = {name: stack.free_port() for name in ("ui", "model", "ray", "nats")}
+    dev = stack.start_fleet_dev(tmp_path, ports, max_tokens=16, env={MARK: mark})
+    try:
+        stack.read_until(dev, "ray head:", 180)
+        if signum == signal.SIGHUP:
+            dev.stdout.close()  # what it prints while stopping goes to a closed pipe
+        os.kill(dev.pid, signum)
+        assert dev.wait(120) == 0
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+    assert left_after(mark) == []
+    assert not (tmp_path / ".fleet" / "stack.json").exists()
+
+
+PARENT = """
+import json, sys, time
+from pathlib import Path
+from fleet_pipelines import stack
+dev = stack.start_fleet_dev(Path(sys.argv[1]), json.loads(sys.argv[2]), 16)
+stack.read_until(dev, "dagster UI:", 240)
+print("up", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_fleet_dev_whose_parent_dies_stops_its_whole_stack(tmp_path: Path):
+    """Its parent (which read its output) is killed with SIGKILL, telling nobody: `fleet dev`,
+    its output now a pipe nobody reads, stops every part of its stack."""
+    mark = uuid.uuid4().hex
+    ports = {name: stack.free_port() for name in ("ui", "model", "ray", "nats")}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path), json.dumps(ports)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), MARK: mark},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stack.read_until(parent, "up", 300)
+        assert http_ok(f"http://127.0.0.1:{ports['ui']}/server_info")
+        assert len(marked(mark)) > 4  # fleet dev, NATS, the model server, Ray's, Dagster's
+        parent.kill()
+        parent.wait()
+        assert left_after(mark) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    for port in ports.values():
+        assert not stack.port_open("127.0.0.1", port)
+    assert not (tmp_path / ".fleet" / "stack.json").exists()
+
+
+def test_the_load_benchmark_killed_mid_run_leaves_no_process():
+    """`timeout`'s SIGTERM while its deliberations run: its engine, its recorder and the whole
+    `fleet dev` stack (engine, Ray, Dagster with its run, NATS) stop."""
+    mark = uuid.uuid4().hex
+    env = {
+        k: v for k, v in os.environ.items() if k not in (*stack.STACK_ENV, "FLEET_STATE_DIR", "DAGSTER_HOME")
+    }
+    env |= {MARK: mark, "PYTHONPATH": str(REPO_ROOT)}
+    argv = [sys.executable, str(REPO_ROOT / "benchmarks" / "load.py"), "--concurrent", "1", "--agents", "2"]
+    argv += ["--max-tokens", "16"]
+    bench = subprocess.Popen(
+        argv, cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stack.read_until(bench, "deliberations …", 300)  # fleet dev is up, the plan published
+        os.kill(bench.pid, signal.SIGTERM)
+        bench.wait(150)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert left_after(mark) == []
