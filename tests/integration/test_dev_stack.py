@@ -205,7 +205,13 @@ def test_the_load_benchmark_killed_mid_run_leaves_no_process():
     argv = [sys.executable, str(REPO_ROOT / "benchmarks" / "load.py"), "--concurrent", "1", "--agents", "2"]
     argv += ["--max-tokens", "16"]
     bench = subprocess.Popen(
-        argv, cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+        argv,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         stack.read_until(bench, "starting fleet dev", 300)
