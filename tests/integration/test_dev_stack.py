@@ -25,8 +25,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_fleet_dev_stopped_by_a_signal_while_it_starts_leaves_no_process(tmp_path: Path, signum: int):
-    """Stopped once NATS, the model server and the Ray head are up, while Dagster starts (Ctrl-C on
-    the whole stack: test_first_hour.py); with SIGHUP (a closed terminal), nobody reads its output any more either."""
+    """Stopped once NATS, the model server and the Ray head are up, while Dagster starts (Ctrl-C
+    on the whole stack: test_first_hour.py); with SIGHUP (a closed terminal), nobody reads its
+    output any more either."""
     mark = uuid.uuid4().hex
     ports = {name: stack.free_port() for name in ("ui", "model", "ray", "nats")}
     dev = stack.start_fleet_dev(tmp_path, ports, max_tokens=16, env={MARK: mark})
