@@ -21,10 +21,15 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .stack_file import ray_auth_env, read_stack, remove_stack, running_stack, write_stack
+
+# A Ray node's own graceful shutdown (`ray start --block` on SIGTERM) took over 20 s here, its
+# GCS server and raylet draining; nothing of a local node outlives it (its state is a temp
+# session), so its process group is killed after this long.
+RAY_GRACE_S = 2.0
 
 
 def free_port() -> int:
@@ -52,7 +57,7 @@ class Service:
     name: str
     process: subprocess.Popen
     log_path: Path
-    stop_command: list[str] | None = field(default=None)
+    grace_s: float = 20.0  # from SIGTERM to its process group to SIGKILL
 
     def wait_ready(self, check: Callable[[], bool], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -67,11 +72,11 @@ class Service:
             time.sleep(0.2)
         raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s; log {self.log_path}")
 
-    def stop(self, timeout_s: float = 20) -> None:
+    def stop(self) -> None:
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout_s)
+                self.process.wait(self.grace_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
@@ -251,6 +256,7 @@ def start_ray_head(
         {**ray_auth_env(token), **(env or {})},
         into,
     )
+    service.grace_s = RAY_GRACE_S
     service.wait_ready(
         lambda: port_open("127.0.0.1", port) and b"Ray runtime started" in service.log_path.read_bytes(),
         timeout_s,
@@ -275,6 +281,7 @@ def start_ray_node(
         log_dir,
         {**ray_auth_env(token), **(env or {})},
     )
+    service.grace_s = RAY_GRACE_S
     service.wait_ready(lambda: b"Ray runtime started" in service.log_path.read_bytes(), timeout_s)
     return service
 
