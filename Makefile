@@ -37,15 +37,18 @@ DEV_ARGS ?=
 dev: model
 	$(VENV)/bin/fleet dev $(DEV_ARGS)
 
-# The unit tier runs on every core (at most 4 workers: each collects the whole tier), the
-# integration tier one test at a time (its tests share one engine and measure deadlines).
+# The unit tier runs on every core (at most 4 workers: each collects the whole tier) and starts
+# no server: a unit test that asks for the real nats-server is marked `nats` (tests/conftest.py)
+# and runs with the integration tier, one test at a time (its tests share one engine and
+# measure deadlines).
 # Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: without it pytest rewrites
 # every test module's asserts again on each run (~4 s of the unit tier's collection).
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q
-UNIT := $(PYTEST) -n auto --maxprocesses=4
+UNIT := $(PYTEST) -n auto --maxprocesses=4 -m "not nats"
 test: model
 	$(UNIT) tests/unit $(PYTEST_ARGS)
 	$(PYTEST) --durations=15 tests/integration $(PYTEST_ARGS)
+	$(PYTEST) -m nats tests/unit $(PYTEST_ARGS)
 
 test-unit: install
 	$(UNIT) tests/unit $(PYTEST_ARGS)

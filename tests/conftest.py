@@ -1,7 +1,11 @@
-"""Shared fixtures: the real local stack (llama.cpp server, Ray head, Dagster instance).
+"""Shared fixtures: the real local stack (llama.cpp server, Ray head, NATS, Dagster instance).
 
 Every test session starts its own servers on free ports with state in temp dirs, so tests never
-collide with `make dev`, the machine's own services, or each other.
+collide with `make dev`, the machine's own services, or each other; only the tests that ask for a
+server start it. A unit test that asks for the real nats-server (`nats_server`, `nats_resource`)
+is marked `nats` here and belongs to the integration tier: the unit tier (`make test-unit`, `-m
+"not nats"`) starts no server. SIGTERM and SIGHUP (`timeout`, a closed terminal) end a session as
+Ctrl-C does, its fixtures stopping the servers they started.
 """
 
 from __future__ import annotations
@@ -9,7 +13,9 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +32,24 @@ _RAY_DIR = Path(tempfile.mkdtemp(prefix="fleet-tests-ray-"))
 atexit.register(shutil.rmtree, _RAY_DIR, True)
 RAY_TOKEN = stack.ray_auth_token(_RAY_DIR)
 os.environ.update(ray_auth_env(RAY_TOKEN))
+
+NATS_FIXTURES = {"nats_server", "nats_resource"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "nats: asks for the real nats-server: the integration tier (set here, by fixture)"
+    )
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.default_int_handler)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if NATS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.nats)
+
 
 _LEFT_ENTERED: list[str] = []  # the first test after which an entered instance was found
 
@@ -85,7 +109,7 @@ def ray_head(stack_logs: Path) -> Iterator[str]:
         os.environ["RAY_ADDRESS"] = previous
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def nats_server(stack_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real nats-server with JetStream (~20 ms to start); NATS_URL points at it for the session,
     so every run that publishes events (and every `fleet` subprocess) uses it, never :4222."""

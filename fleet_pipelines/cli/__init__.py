@@ -12,20 +12,49 @@ Every verb finds the running local stack through what `fleet dev` recorded in .f
 fleet nats init|rejected|redrive   JetStream streams and dead letters
 fleet councils list|show|validate  the councils file (FLEET_COUNCILS_FILE)
 
-Each verb imports what it needs when it runs, so `fleet --help` and quick verbs start fast.
+Each verb's module is imported when it runs, and imports what it needs then, so `fleet --help`
+and quick verbs start fast (`VERBS`).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
-from . import councils, deliberate, dev, model, nats, result, run
 from .common import EXIT_USAGE, REPO_ROOT
 
+# Each verb: its module (and command) name and the line `fleet --help` shows for it. The verbs'
+# modules are imported when one runs (or is asked for its own help), never for `fleet --help`.
+VERBS = {
+    "dev": "Start the local stack (NATS, model server, Ray head, Dagster UI + daemon).",
+    "model": "The local llama.cpp engine: fetch, serve, pull.",
+    "run": "Run one deliberation on the local stack and print the decision.",
+    "deliberate": "Publish an approved plan with one task; prints the task id.",
+    "result": "A task's status and results.",
+    "nats": "NATS JetStream: streams and dead letters.",
+    "councils": "The councils that would run: list, show, validate.",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class Verbs(click.Group):
+    """The `fleet` group, its verbs loaded on demand."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(VERBS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in VERBS:
+            return None
+        return getattr(importlib.import_module(f"{__name__}.{name}"), name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl(list(VERBS.items()))
+
+
+@click.group(cls=Verbs, context_settings={"help_option_names": ["-h", "--help"]})
 def fleet() -> None:
     """fleet_pipelines: multi-agent deliberation."""
     from pydantic import ValidationError
@@ -41,18 +70,6 @@ def fleet() -> None:
     except ValueError as exc:
         click.echo(f"fleet: refused environment: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-
-
-for verb in (
-    dev.dev,
-    model.model,
-    run.run,
-    deliberate.deliberate,
-    result.result,
-    nats.nats,
-    councils.councils,
-):
-    fleet.add_command(verb)
 
 
 def main(argv: list[str] | None = None) -> int:

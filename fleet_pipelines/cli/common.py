@@ -11,8 +11,6 @@ from pathlib import Path
 
 import click
 
-from ..domain.models import Constraints, RepoSpec, Role, Task
-
 EXIT_USAGE = 2
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -57,6 +55,8 @@ def _example(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 def task_options(command: Callable) -> Callable:
     """The task's fields as arguments, with the domain Task's defaults and descriptions; the
     values are checked by the Task itself when the verb builds it."""
+    from ..domain.models import Constraints, RepoSpec, Role, Task
+
     task, constraints, repo = Task.model_fields, Constraints.model_fields, RepoSpec.model_fields
 
     def field(info, **kwargs) -> dict:

@@ -11,20 +11,50 @@ import base64
 import contextlib
 import hashlib
 import json
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
-import nats
-from nats.aio.client import Client
-from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
 
-from .models import Publishable
-from .options import NO_NATS, ConnectOptions
-from .planning import StreamMessage
-from .streams import (
+def _import_nats_without_aiohttp() -> None:
+    """nats-py imports aiohttp (~0.1 s) for its websocket transport whatever the server's scheme;
+    only ws:// and wss:// servers use it (`_websocket_transport`). In a process with one thread
+    (a `fleet` command), nats-py is imported with `import aiohttp` failing, as if it were not
+    installed; with other threads, as nats-py does it (another thread's import of aiohttp would
+    fail in that instant)."""
+    if "aiohttp" in sys.modules or threading.active_count() > 1:
+        return
+    sys.modules["aiohttp"] = None  # type: ignore[assignment]  # `import aiohttp` raises ImportError
+    try:
+        import nats.aio.transport  # noqa: F401
+    finally:
+        del sys.modules["aiohttp"]
+
+
+def _websocket_transport() -> None:
+    """aiohttp for nats-py's websocket transport, imported now if it was left out."""
+    from nats.aio import transport
+
+    if transport.aiohttp is None:
+        import aiohttp
+
+        transport.aiohttp = aiohttp
+
+
+_import_nats_without_aiohttp()
+
+import nats  # noqa: E402  (after _defer_aiohttp)
+from nats.aio.client import Client  # noqa: E402
+from nats.js import JetStreamContext  # noqa: E402
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig  # noqa: E402
+from nats.js.errors import NotFoundError  # noqa: E402
+
+from .models import Publishable  # noqa: E402
+from .options import NO_NATS, ConnectOptions  # noqa: E402
+from .planning import StreamMessage  # noqa: E402
+from .streams import (  # noqa: E402
     OWNER_METADATA,
     STREAMS,
     ExistingStream,
@@ -57,6 +87,8 @@ async def _silent(_: Exception) -> None:
 async def connect(options: ConnectOptions) -> NatsSession:
     if not options.url:
         raise NatsError(NO_NATS)
+    if "ws://" in options.url or "wss://" in options.url:
+        _websocket_transport()
     try:
         # One attempt per server: nats-py's connect retries forever with max_reconnect_attempts=0.
         connecting = nats.connect(

@@ -6,8 +6,10 @@ port 4222, where a machine often runs its own NATS, is held by a decoy nats-serv
 never chose (and which must see no connection at all). In a project folder laid out like a checkout
 (Makefile, pyproject.toml, .venv, the model folder), `make dev` runs in one process and the README's
 blocks run in another, each with a clean environment (`env -i`), as a second shell would. HOME
-holds a Ray token of the user's own, as a first `ray.init()` leaves it. Prints a JSON report on
-stdout.
+holds a Ray token of the user's own, as a first `ray.init()` leaves it. On the same stack, a run
+is launched as the UI's launchpad does (GraphQL); then Ctrl-C, after which no process of the stack
+may be left, no port open, and a command in the folder says how to start one. Prints a JSON
+report on stdout.
 
     python -m tests.integration.first_hour PROJECT_DIR BLOCKS_JSON
 """
@@ -26,14 +28,20 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
 from fleet_pipelines.cli import REPO_ROOT
 from fleet_pipelines.llm.local_server import default_model_dir
 from fleet_pipelines.stack import port_open
+from fleet_pipelines.stack_file import read_stack
+
+from .processes import MARK, left_after
 
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 DECOY_PORT, DECOY_MONITOR = 4222, 8222
+DEV_PORTS = (3000, 8080, 6380, 4223)  # make dev's defaults: UI, model, Ray, NATS
 
 
 def loopback_up() -> None:
@@ -64,11 +72,11 @@ def lay_out(project: Path) -> None:
     (project / ".fleet" / "models").symlink_to(default_model_dir())
 
 
-def start_make_dev(project: Path, home: Path) -> subprocess.Popen:
+def start_make_dev(project: Path, home: Path, mark: str) -> subprocess.Popen:
     process = subprocess.Popen(
         ["make", "dev"],
         cwd=project,
-        env={**CLEAN_ENV, "HOME": str(home)},
+        env={**CLEAN_ENV, "HOME": str(home), MARK: mark},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -103,6 +111,50 @@ def run_block(project: Path, home: Path, block: str) -> dict:
         "stderr": done.stderr,
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def launchpad_run(project: Path) -> dict:
+    """A run launched as a person does in the UI: the partition added, deliberation_job launched
+    from the launchpad (GraphQL), followed to its end."""
+    import dagster as dg
+    from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
+
+    from fleet_pipelines.assets.deliberation import deliberation_partitions, deliberation_run_config
+
+    record = read_stack(project / ".fleet")
+    with dg.DagsterInstance.from_config(record.env["DAGSTER_HOME"]) as instance:
+        instance.add_dynamic_partitions(deliberation_partitions.name, ["dev-smoke-1"])
+        client = DagsterGraphQLClient("127.0.0.1", port_number=DEV_PORTS[0])
+        config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 2, "rounds": 0}
+        run_id = client.submit_job_execution(
+            "deliberation_job",
+            run_config=deliberation_run_config(config),
+            tags={"dagster/partition": "dev-smoke-1"},
+        )
+        status = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and status not in (
+            dg.DagsterRunStatus.SUCCESS,
+            dg.DagsterRunStatus.FAILURE,
+            dg.DagsterRunStatus.CANCELED,
+        ):
+            time.sleep(2)
+            try:
+                status = client.get_run_status(run_id)
+            except DagsterGraphQLClientError:
+                status = None
+        previews = [
+            event.dagster_event.step_materialization_data.materialization.metadata["preview"].value
+            for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+            if event.dagster_event.step_materialization_data.materialization.asset_key
+            == dg.AssetKey("proposals")
+        ]
+        return {
+            "status": status.value if status else None,
+            "engine_tag": instance.get_run_by_id(run_id).tags.get("fleet/engine"),
+            "engine": urlparse(record.env["FLEET_LLM_BASE_URL"]).netloc,
+            "proposals_preview": previews[0] if previews else "",
+        }
 
 
 def start_decoy(root: Path) -> subprocess.Popen:
@@ -151,15 +203,22 @@ def main(project: Path, blocks: list[str]) -> dict:
     # connection at all would pass the same with nothing on 4222 (it never goes there).
     report["4222_free"] = not port_open("127.0.0.1", DECOY_PORT)
     decoy = start_decoy(project)
+    mark = uuid.uuid4().hex
     try:
-        stack = start_make_dev(project, home)
+        stack = start_make_dev(project, home, mark)
         try:
             report["passes"]["another NATS on 4222"] = [run_block(project, home, b) for b in blocks]
             report["decoy"] = decoy_state()
+            report["launchpad_run"] = launchpad_run(project)
         finally:
             os.killpg(stack.pid, signal.SIGINT)
             report["make_dev_rc"] = stack.wait(120)
             report["stack_record_left"] = (project / ".fleet" / "stack.json").exists()
+            report["processes_left"] = left_after(mark)
+            report["ports_open"] = [port for port in DEV_PORTS if port_open("127.0.0.1", port)]
+        report["after_stop"] = run_block(
+            project, home, '.venv/bin/fleet deliberate "Write mul(a, b) in Python."'
+        )
     finally:
         decoy.terminate()
         decoy.wait(20)

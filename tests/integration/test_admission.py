@@ -283,7 +283,7 @@ def test_reviews_go_to_the_slot_that_wrote_their_proposal_and_reuse_its_prompt(l
         written = await phase(proposal_requests(task, council, settings))
         current = {turn.result.agent_id: turn.result for turn in written}
         critiqued = await phase(critique_requests(task, council, settings, 1, current))
-        held = set(queue._slot_holds.values())  # the conversations the (all free) slots hold now
+        held = set(queue.scheduler._slot_holds.values())  # the conversations the (all free) slots hold now
         results = [turn.result for turn in critiqued]
         revised = await phase(revision_requests(task, council, settings, 1, current, results))
         return queue, written, critiqued, revised, held
@@ -306,5 +306,5 @@ def test_reviews_go_to_the_slot_that_wrote_their_proposal_and_reuse_its_prompt(l
         review = turn.result
         author = review.target_agent_id or review.agent_id
         assert review.tokens_cached >= proposal_tokens[author] - 2, (review.kind, review.tokens_cached)
-    assert queue.counts["slot_reused"] == sum(t.slot_reused for t in [*written, *critiqued, *revised])
+    assert queue.stats()["slot_reused"] == sum(t.slot_reused for t in [*written, *critiqued, *revised])
     assert queue.counts["sent"] == 12

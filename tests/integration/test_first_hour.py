@@ -1,5 +1,7 @@
 """The README's Quick start and the blocks marked for it, run exactly as written, as a new user
-would: `make dev` in one process, each block in a second one with a clean environment (`env -i`).
+would: `make dev` in one process, each block in a second one with a clean environment (`env -i`);
+on the same stack a launchpad run as from the UI, then Ctrl-C stops every part of it (the dev
+stack's own test, which started a second stack for this, is folded in here).
 
 All of it runs in a private network namespace (first_hour.py), so `make dev` takes its default ports
 and port 4222 is under the test's control: a decoy NATS server listens there, which must see no
@@ -96,7 +98,21 @@ def test_quick_start_and_nats_blocks_run_as_written_and_never_touch_4222(tmp_pat
                 assert_shape(run["stdout"], sample)
     # The server on 4222 that nobody chose saw nothing: no connection, no message, no stream.
     assert report["decoy"] == {"total_connections": 0, "in_msgs": 0, "streams": 0, "messages": 0}
+    # The same stack, as the UI's launchpad uses it: the run carries its engine's tag (the run
+    # queue counts it against its engine) and its council's proposals.
+    ui = report["launchpad_run"]
+    assert ui["status"] == "SUCCESS" and ui["engine_tag"] == ui["engine"], ui
+    assert "agent-dev-002" in ui["proposals_preview"]
+    # Ctrl-C stopped every part of it (the runs' processes included) and forgot it: a command
+    # there now says how to start one, in one line.
+    assert report["processes_left"] == [] and report["ports_open"] == []
     assert not report["stack_record_left"], "Ctrl-C left .fleet/stack.json behind"
+    after = report["after_stop"]
+    assert after["rc"] == 1
+    assert (
+        after["stderr"]
+        == "fleet deliberate: no NATS server chosen: start the local stack (make dev) or set NATS_URL\n"
+    )
 
 
 def test_the_readme_lists_the_engine_fields_that_exist():

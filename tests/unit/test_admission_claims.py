@@ -123,7 +123,7 @@ def test_a_reserve_run_fills_idle_slots_and_gives_them_back_to_the_holder_at_onc
 def test_on_llama_cpp_a_reserve_run_leaves_the_slots_holding_the_holders_conversations():
     async def scenario() -> None:
         queue, engine = new_queue(capacity=3)
-        queue.pin_slots = True  # as on llama.cpp: turns go to the slot holding their conversation
+        queue.scheduler.pin_slots = True  # as on llama.cpp: turns go to the slot holding their conversation
         deadline = time.time() + 600
         await queue.submit([(k, request(k), deadline) for k in ("a-1", "a-2")], claim=("run-a", 2))
         await until(lambda: engine.running() == {"a-1", "a-2"})

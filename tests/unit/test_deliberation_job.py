@@ -229,6 +229,7 @@ def stream_messages(nats: NatsResource) -> dict[str, list[str]]:
     return nats.session(work)
 
 
+@pytest.mark.nats  # starts its own nats-server: the integration tier
 def test_a_nats_outage_never_fails_a_run_and_its_events_arrive_once_when_nats_is_back(tmp_path: Path):
     port, storage = stack.free_port(), tmp_path / "storage"
     url = f"nats://127.0.0.1:{port}"  # nothing listens there yet: NATS is down before the run
@@ -328,6 +329,7 @@ class StoppingRunner(ScriptedTurnRunner):
 NATS_SERVERS: list = []
 
 
+@pytest.mark.nats  # starts its own nats-server: the integration tier
 def test_nats_lost_mid_run_loses_nothing_and_sends_nothing_twice(tmp_path: Path):
     port, storage = stack.free_port(), tmp_path / "storage"
     NATS_SERVERS[:] = [stack.start_nats(tmp_path / "logs", port, tmp_path / "nats-store")]
