@@ -706,36 +706,11 @@ class Judged:
 
 
 def _repo_driver(no_caps: bool, procs: list[Path]) -> subprocess.Popen:
-    from tests.integration.test_sandbox_hostile import (
-        NOBODY,
-        ROOT_WITHOUT_CAPS,
-        SYSTEM_PYTHON,
-        nobody_pythonpath,
-    )
+    """The sandbox suite's driver, running this suite's program: as uid 65534 without
+    capabilities (in `procs`' cgroups), or as root with an empty bounding set."""
+    from tests.integration.test_sandbox_hostile import _driver
 
-    def join() -> None:
-        for file in procs:
-            file.write_text(str(os.getpid()))
-
-    drop = [
-        "setpriv",
-        f"--reuid={NOBODY}",
-        f"--regid={NOBODY}",
-        "--clear-groups",
-        "--inh-caps=-all",
-        "--ambient-caps=-all",
-        "--bounding-set=-all",
-        "--no-new-privs",
-    ]
-    return subprocess.Popen(
-        [*(ROOT_WITHOUT_CAPS if no_caps else drop), SYSTEM_PYTHON, "-c", _HOSTILE_DRIVER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": nobody_pythonpath()},
-        cwd="/",
-        preexec_fn=join,
-    )
+    return _driver(procs, as_root=no_caps, no_caps=no_caps, program=_HOSTILE_DRIVER)
 
 
 @pytest.fixture(scope="module", params=["root", "no capabilities", "root, empty bounding set"])

@@ -206,10 +206,15 @@ def nobody_pythonpath() -> str:
 
 
 def _driver(
-    procs_files: list[Path], as_root: bool = False, no_cgroup: bool = False, no_caps: bool = False
+    procs_files: list[Path],
+    as_root: bool = False,
+    no_cgroup: bool = False,
+    no_caps: bool = False,
+    program: str = _DRIVER,
 ) -> subprocess.Popen:
-    """A driver process running sandboxes from SYSTEM_PYTHON: as uid 65534 with no capability
-    (in the cgroups of `procs_files`), or `as_root` (with `no_caps`: an empty bounding set)."""
+    """A driver process running `program` (sandboxes from SYSTEM_PYTHON, requests on stdin): as uid
+    65534 with no capability (in the cgroups of `procs_files`), or `as_root` (with `no_caps`: an
+    empty bounding set). The repository suite runs its own program through it."""
 
     def join() -> None:
         for procs in procs_files:
@@ -230,7 +235,7 @@ def _driver(
             *(ROOT_WITHOUT_CAPS if no_caps else [] if as_root else setpriv),
             SYSTEM_PYTHON,
             "-c",
-            _DRIVER,
+            program,
             *(["no-cgroup"] if no_cgroup else []),
         ],
         stdin=subprocess.PIPE,
