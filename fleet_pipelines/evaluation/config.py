@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, cast
 import dagster as dg
 from pydantic import Field
 
-from ..domain.scoring import ScoringWeights
+from ..domain.scoring import SandboxLimits, ScoringWeights
 from ..resources.config import derived_model
-from ..sandbox import SandboxLimits
 from .settings import FROM_THE_COUNCIL, EvaluationSettings
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from ..domain.models import (
     TurnResult,
     TurnStatus,
 )
-from ..domain.scoring import CheckResult, score_proposal
-from ..sandbox import SandboxLimits, run_tests
+from ..domain.scoring import CheckResult, SandboxLimits, score_proposal
+from ..sandbox import run_tests
 from ..scoring.checks import execution_checks
 from ..workspace.runs import RepoRunLimits
 from . import arms as ev

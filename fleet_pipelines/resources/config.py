@@ -15,9 +15,8 @@ import dagster as dg
 from pydantic import BaseModel, Field, create_model
 from pydantic.fields import FieldInfo
 
-from ..domain.scoring import ScoringWeights
+from ..domain.scoring import SandboxLimits, ScoringWeights
 from ..llm.settings import EngineSettings, VLLMActorSettings
-from ..sandbox import SandboxLimits
 
 
 class DerivedConfig(dg.Config):

@@ -7,7 +7,6 @@ from .run import isolation_available, run_python, run_tests, unavailable_warning
 from .setup import (
     MOUNT_ROOT,
     TOOL_DIR,
-    SandboxLimits,
     SandboxResult,
     TestRun,
 )
@@ -15,7 +14,6 @@ from .setup import (
 __all__ = [
     "MOUNT_ROOT",
     "TOOL_DIR",
-    "SandboxLimits",
     "SandboxResult",
     "TestRun",
     "isolation_available",

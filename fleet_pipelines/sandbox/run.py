@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from ..domain.scoring import SandboxLimits
 from . import cgroups
 from .setup import (
     OWN_UID,
     SANDBOX_ENV,
     SANDBOX_UID,
     Bound,
-    SandboxLimits,
     SandboxResult,
     Setup,
     TestRun,

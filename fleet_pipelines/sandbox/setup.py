@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ..domain.scoring import SandboxLimits
 from . import cgroups, lsm
 
 _INIT = Path(__file__).with_name("init.py")
@@ -174,18 +175,6 @@ def seccomp_filter() -> bytes | None:
         struct.pack("=HBBI", code, offset(jt, i), offset(jf, i), k)
         for i, (code, jt, jf, k) in enumerate(instructions)
     )
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    wall_s: float = 10.0
-    cpu_s: float = 5.0
-    memory_mb: int = 512
-    max_processes: int = 32
-    max_file_mb: int = 16
-    max_output_chars: int = 8_000
-    work_dir_mb: int = 64
-    cpus: float = 1.0
 
 
 # Without a writable cgroup the memory limit is kept by the rlimits and the tmpfs sizes alone:

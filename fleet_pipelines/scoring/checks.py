@@ -22,6 +22,7 @@ from ..domain.scoring import (
     JUDGE_SCHEMA,
     CheckResult,
     ProposalScore,
+    SandboxLimits,
     ScoringWeights,
     extract_code_blocks,
     judge_messages,
@@ -29,7 +30,7 @@ from ..domain.scoring import (
     python_source,
     score_proposal,
 )
-from ..sandbox import SandboxLimits, run_tests
+from ..sandbox import run_tests
 
 LINT_PENALTY_PER_ISSUE = 0.2
 RUFF_RULES = "E4,E7,E9,F"  # ruff's defaults: syntax, undefined names, unused imports, ...

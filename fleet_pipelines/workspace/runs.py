@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..domain.scoring import SandboxLimits
 from ..domain.workspace import (
     MAX_PATCH_CHARS,
     PatchEvidence,
@@ -27,7 +28,7 @@ from ..domain.workspace import (
     is_test_path,
     patch_flags,
 )
-from ..sandbox import TOOL_DIR, SandboxLimits, SandboxResult, run_python
+from ..sandbox import TOOL_DIR, SandboxResult, run_python
 from ..scoring.checks import RUFF_RULES, ruff_binary
 
 _JOB = Path(__file__).with_name("sandbox_job.py")

@@ -16,10 +16,10 @@ from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispa
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import review_rounds
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, TurnResult
+from fleet_pipelines.domain.scoring import SandboxLimits
 from fleet_pipelines.llm.engine import EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME
 from fleet_pipelines.resources.turns import RayTurnRunner
-from fleet_pipelines.sandbox import SandboxLimits
 from fleet_pipelines.scoring.checks import execution_checks
 from tests.factories import turn
 from tests.scripted import record, recorded

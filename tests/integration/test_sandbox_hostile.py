@@ -37,7 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet_pipelines.sandbox import SandboxLimits, SandboxResult, TestRun, cgroups
+from fleet_pipelines.domain.scoring import SandboxLimits
+from fleet_pipelines.sandbox import SandboxResult, TestRun, cgroups
 from fleet_pipelines.sandbox import run as sandbox
 from fleet_pipelines.sandbox import setup as sandbox_setup
 
@@ -1172,7 +1173,8 @@ def test_our_own_hostile_candidates_find_nothing(box: Box):
 _CALLER = textwrap.dedent(
     """
     import signal, sys
-    from fleet_pipelines.sandbox import SandboxLimits, run_python
+    from fleet_pipelines.domain.scoring import SandboxLimits
+    from fleet_pipelines.sandbox import run_python
     # A caller as a shell starts it, whatever mask or ignored signals the test process passes on.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -1419,7 +1421,8 @@ _NO_SANDBOX_DOWNSTREAM = textwrap.dedent(
     from fleet_pipelines.domain.scoring import ScoringWeights, score_proposal
     from fleet_pipelines.history.status import from_decision
     from fleet_pipelines.scoring.checks import execution_checks
-    from fleet_pipelines.sandbox import SandboxLimits, isolation_available
+    from fleet_pipelines.domain.scoring import SandboxLimits
+    from fleet_pipelines.sandbox import isolation_available
 
     task = Task(task_id="t", description="add", role=Role.DEV, num_agents=1,
                 constraints=Constraints(tests="def test_add():\\n    assert add(2, 3) == 5\\n",

@@ -11,6 +11,7 @@ from fleet_pipelines.domain.decision import rank
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnResult
 from fleet_pipelines.domain.scoring import (
     CodeBlock,
+    SandboxLimits,
     ScoringWeights,
     gate_failures,
     parse_block,
@@ -18,7 +19,6 @@ from fleet_pipelines.domain.scoring import (
     requirement_verdicts,
 )
 from fleet_pipelines.llm.engine import EngineSettings
-from fleet_pipelines.sandbox import SandboxLimits
 from fleet_pipelines.scoring.checks import judge_check, lint_check, ruff_issues, score_finals
 from tests.factories import turn
 
