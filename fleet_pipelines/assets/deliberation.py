@@ -4,7 +4,8 @@ deliberation_task -> story_context, workspace -> council -> proposals -> reviews
 decision -> winning_branch -> decision_events. A repository task's `workspace` is its read-only
 checkout: its view is in the agents' prompts, their turns may call tools on it, their edits become
 patches checked against it, and their patches are scored on it. The council is convened once
-(`council`) and every later step reads it; `decision` only decides, `winning_branch` pushes a
+(`council`, the one step that takes the `council` resource) and every later step reads it, its
+sandbox limits and quorum included; `decision` only decides, `winning_branch` pushes a
 repository task's winning patch, and `decision_events` tells the world, keeping in the outbox what
 NATS does not take.
 The assets exchange domain objects (stored as JSON by the `io_manager`); each is a few lines over
@@ -197,9 +198,10 @@ def convened_council(
     workspace: Workspace,
     council: CouncilResource,
 ) -> dg.Output[Convened]:
-    """The council that deliberates, convened once per run: its agents, budgets, engine, rubric and
-    weights, and the councils file version that set them. Every later step reads this one. Its
-    task carries the story's context and a repository task's workspace view."""
+    """The council that deliberates, convened once per run: its agents, budgets, engine, rubric,
+    weights, sandbox limits and quorum, and the councils file version that set them. Every later
+    step reads this one (none takes the `council` resource). Its task carries the story's context
+    and a repository task's workspace view."""
     view = prompt_view(workspace) if workspace.active else ""
     try:
         convened = council.convene(
@@ -236,7 +238,6 @@ def reviews(
     convened: Convened,
     workspace: Workspace,
     proposals: list[TurnResult],
-    council: CouncilResource,
     repos: ReposResource,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
@@ -244,7 +245,7 @@ def reviews(
     """R rounds: each agent critiques its peers' current proposals, then revises its own, seeing
     its own code's check results (a repository task: its patch's) where execution feedback is on
     for the role."""
-    task, settings, limits = convened.task, convened.settings, council.sandbox.to_model()
+    task, settings, limits = convened.task, convened.settings, convened.sandbox
     patch_checks = _patch_checks(repos, workspace)
     shown: list[tuple[str, list[CheckResult]]] = []
 
@@ -288,7 +289,6 @@ def scores(
     workspace: Workspace,
     proposals: list[TurnResult],
     reviews: list[TurnResult],
-    council: CouncilResource,
     repos: ReposResource,
     turn_runner: TurnRunnerResource,
     nats: NatsResource,
@@ -296,7 +296,6 @@ def scores(
     """Each agent's final proposal scored by checks (parse, ruff, tests in the sandbox, coverage,
     LLM judge), in council order, with the evidence of each check."""
     history = [*proposals, *reviews]
-    limits, judge_tokens = council.sandbox.to_model(), convened.judge_max_tokens
     finals = current_versions(history)
     with _live_turns(context, turn_runner, nats, convened) as run_turns:
         judges = _then_release(run_turns, turn_runner, context.run_id, convened)
@@ -305,9 +304,9 @@ def scores(
             convened.agents,
             finals,
             convened.weights,
-            limits,
+            convened.sandbox,
             judges,
-            judge_tokens,
+            convened.judge_max_tokens,
             _patch_checks(repos, workspace),
         )
     metadata = scores_metadata(scored, history, convened.agents)
@@ -341,7 +340,6 @@ def decision(
     proposals: list[TurnResult],
     reviews: list[TurnResult],
     scores: list[ProposalScore],
-    council: CouncilResource,
 ) -> Iterator[dg.Output[Decision] | dg.AssetCheckResult]:
     """The winner, the ranking and the status (COMPLETED, PARTIAL, FAILED, TIMEOUT), with reasons."""
     turns = [*proposals, *reviews]
@@ -352,7 +350,7 @@ def decision(
         current_versions(turns),
         {a: s.score for a, s in by_agent.items()},
         {a: s.value("judge") for a, s in by_agent.items()},
-        council.quorum,
+        convened.quorum,
         {s.agent_id: s.not_run() for s in scores},
     )
     if workspace.active:  # a repository task: the decision is the winning patch, when one applied

@@ -24,14 +24,16 @@ Pure: parsing and validation only; an invalid file raises `CouncilsFileError` na
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from .decision import quorum_for
 from .models import MAX_RUBRIC_CHARS, AgentSpec, Role, Task, TurnKind
-from .scoring import CODE_ROLES, ScoringWeights
+from .scoring import CODE_ROLES, SandboxLimits, ScoringWeights
 from .tools import ToolProtocol
 
 DIVERSITY_TEMPERATURE_FACTOR = 1.3
@@ -260,8 +262,10 @@ class CouncilsFile(BaseModel):
 
 class Convened(BaseModel):
     """The council a task gets, decided once per run: the task (with the council's default rubric
-    where it gave none), the council's settings and agents, the weights it is scored by, the engine
-    its turns go to (None: the stack's) and the councils file version that set them."""
+    where it gave none), the council's settings and agents, the weights it is scored by, the limits
+    of its sandboxed runs, its quorum, the engine its turns go to (None: the stack's) and the
+    councils file version that set them. Every step after `council` reads these, not the resource.
+    The fields added later have defaults, so councils stored by older runs still load."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -270,6 +274,13 @@ class Convened(BaseModel):
     agents: list[AgentSpec]
     weights: ScoringWeights
     judge_max_tokens: int = Field(ge=16, description="Completion limit of a judge turn.")
+    sandbox: SandboxLimits = Field(
+        default_factory=SandboxLimits,
+        description="Limits of one sandboxed run (tests and execution feedback of its proposals).",
+    )
+    quorum: int | None = Field(
+        default=None, description="Agents with a final proposal needed for a decision; None: a majority."
+    )
     engine: EngineEntry | None = None
     file: str | None = Field(default=None, description="The councils file, None: built-in councils.")
     version: str | None = Field(default=None, description="The councils file's version.")
@@ -288,6 +299,8 @@ class Convened(BaseModel):
             "execution_feedback": self.settings.feedback_for(self.task.role),
             "rubric": self.task.constraints.rubric,
             "weights": self.weights.model_dump(),
+            "quorum": quorum_for(len(self.agents), self.quorum),
+            "sandbox": dataclasses.asdict(self.sandbox),
         }
 
 
@@ -296,12 +309,15 @@ def convene(
     base: CouncilSettings,
     weights: ScoringWeights,
     judge_max_tokens: int,
+    sandbox: SandboxLimits,
+    quorum: int | None,
     councils: CouncilsFile | None = None,
     file: str | None = None,
 ) -> Convened:
     """The council of the task's role: the configured values (`base`, `weights`,
-    `judge_max_tokens`), with what the councils file sets for the role over them. A role the file
-    does not name, and every value the file does not give, keeps the configured value."""
+    `judge_max_tokens`, `sandbox`, `quorum`), with what the councils file sets for the role over
+    them. A role the file does not name, and every value the file does not give, keeps the
+    configured value (the file sets no sandbox limits or quorum)."""
     council = councils.council(task.role) if councils is not None else RoleCouncil()
     settings = council.settings(base)
     if council.rubric and not task.constraints.rubric:
@@ -316,6 +332,8 @@ def convene(
             update=council.weights.model_dump(include=council.weights.model_fields_set)
         ),
         judge_max_tokens=council.judge_max_tokens or judge_max_tokens,
+        sandbox=sandbox,
+        quorum=quorum,
         engine=councils.engine(task.role) if councils is not None else None,
         file=file,
         version=councils.version if councils is not None else None,

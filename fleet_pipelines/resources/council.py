@@ -90,13 +90,17 @@ class CouncilResource(_CouncilSettingsFields):
         return {TAG_ENGINE: engine.engine_id()} if engine is not None else {}
 
     def convene(self, task: Task) -> Convened:
-        """The council of the task's role: this resource's values, with the councils file's council
-        for the role over them. Raises CouncilsFileError for an invalid file."""
+        """The council of the task's role: this resource's values (its sandbox limits and quorum
+        too), with the councils file's council for the role over them. Only the `council` asset
+        calls it: later steps read the convened council. Raises CouncilsFileError for an invalid
+        file."""
         return convene(
             task,
             self.council_settings(),
             self.weights.to_model(),
             self.judge_max_tokens,
+            self.sandbox.to_model(),
+            self.quorum,
             self.councils(),
             self.councils_file,
         )

@@ -19,8 +19,14 @@ from fleet_pipelines.assets.partitions import deliberation_partitions
 from fleet_pipelines.cli import fleet
 from fleet_pipelines.domain.councils import CouncilsFileError, parse_councils
 from fleet_pipelines.domain.models import Role, Task, TurnKind
+from fleet_pipelines.domain.scoring import SandboxLimits
 from fleet_pipelines.names import DELIBERATION_JOB
-from fleet_pipelines.resources.config import EngineConfig, OpenAIEngineConfig, ScoringWeightsConfig
+from fleet_pipelines.resources.config import (
+    EngineConfig,
+    OpenAIEngineConfig,
+    SandboxLimitsConfig,
+    ScoringWeightsConfig,
+)
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.io import DomainIOManager
@@ -164,6 +170,16 @@ def test_without_a_file_the_council_is_the_resources():
     convened = CouncilResource(temperature=0.5).convene(task)
     assert [a.temperature for a in convened.agents] == [0.5, 0.65]
     assert convened.engine is None and convened.version is None and convened.task == task
+    assert convened.quorum is None and convened.sandbox == SandboxLimits()
+    assert convened.summary()["quorum"] == 2 and convened.summary()["sandbox"]["wall_s"] == 10.0
+
+
+def test_the_convened_council_carries_the_resources_sandbox_limits_and_quorum():
+    resource = CouncilResource(quorum=1, sandbox=SandboxLimitsConfig(wall_s=3, memory_mb=256))
+    convened = resource.convene(Task(task_id="t", description="d", role=Role.DEV, num_agents=3))
+    assert convened.quorum == 1 and convened.sandbox == SandboxLimits(wall_s=3, memory_mb=256)
+    summary = convened.summary()
+    assert summary["quorum"] == 1 and summary["sandbox"]["memory_mb"] == 256
 
 
 def test_a_role_the_file_does_not_name_keeps_every_configured_value(tmp_path: Path):

@@ -7,8 +7,11 @@ import sys
 
 import pytest
 
-from fleet_pipelines.domain.models import TurnResult
+from fleet_pipelines.domain.councils import Convened
+from fleet_pipelines.domain.models import Role, Task, TurnResult
+from fleet_pipelines.domain.scoring import SandboxLimits
 from fleet_pipelines.history.stored import STORED_MODELS, StoredValueError, dump_value, load_value
+from fleet_pipelines.resources.council import CouncilResource
 from tests.factories import turn
 
 
@@ -35,6 +38,17 @@ def test_values_load_by_their_registered_name_and_files_of_the_earlier_format_st
         "Decision",
         "PushedBranch",
     }
+
+
+def test_a_council_stored_before_it_carried_sandbox_limits_and_a_quorum_still_loads():
+    task = Task(task_id="t", description="d", role=Role.DEV, num_agents=3)
+    convened = CouncilResource(quorum=2).convene(task)
+    stored = json.loads(dump_value(convened))
+    for field in ("sandbox", "quorum"):
+        del stored["value"][field]
+    loaded = load_value(json.dumps(stored), Convened)
+    assert loaded.sandbox == SandboxLimits() and loaded.quorum is None  # the defaults: a majority
+    assert loaded.model_copy(update={"quorum": 2}) == convened
 
 
 def test_a_value_of_another_type_than_the_asset_declares_is_refused():
