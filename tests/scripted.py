@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from pydantic import Field, PrivateAttr
 
-from fleet_pipelines.domain.councils import EngineEntry
+from fleet_pipelines.domain.deliberation import TurnContext
 from fleet_pipelines.domain.models import TurnKind, TurnRequest, TurnResult, TurnStatus
 from fleet_pipelines.resources.turns import TurnRunnerResource
 
@@ -101,26 +101,19 @@ class ScriptedTurnRunner(TurnRunnerResource):
     def model_name(self) -> str:
         return "scripted"
 
-    def run_turns(
-        self,
-        requests: Sequence[TurnRequest],
-        deadline: float | None,
-        engine: EngineEntry | None = None,
-        on_chunk=None,
-        on_result=None,
-        claim=None,
-    ) -> list[TurnResult]:
+    def run_turns(self, requests: Sequence[TurnRequest], turn: TurnContext) -> list[TurnResult]:
         """The scripted answers, recorded with the council's engine's model when it has one; each
-        turn's text as one chunk, then its end, as the Ray runner reports them."""
+        turn's text as one chunk, then its end, as the Ray runner reports them (the deadline and
+        the claim are not looked at)."""
         record(self.record_to, requests)
         results = self._engine(requests)
-        if engine is not None:
-            results = [r.model_copy(update={"model": engine.model}) for r in results]
+        if turn.engine is not None:
+            results = [r.model_copy(update={"model": turn.engine.model}) for r in results]
         for request, result in zip(requests, results, strict=True):
-            if on_chunk is not None and result.content:
-                on_chunk(request, 0, result.content, result.tokens_out)
-            if on_result is not None:
-                on_result(result)
+            if turn.on_chunk is not None and result.content:
+                turn.on_chunk(request, 0, result.content, result.tokens_out)
+            if turn.on_result is not None:
+                turn.on_result(result)
         return results
 
 

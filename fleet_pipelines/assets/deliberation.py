@@ -12,6 +12,7 @@ The assets exchange domain objects (stored as JSON by the `io_manager`); each is
 the domain, the `turn_runner` and `previews` (what the UI shows).
 """
 
+import dataclasses
 import functools
 import time
 import types
@@ -29,7 +30,13 @@ from ..dagster_private import defs_state_storage
 from ..domain.context import StoryContext
 from ..domain.councils import Convened, CouncilsFileError
 from ..domain.decision import Decision, decide, repository_verdict
-from ..domain.deliberation import TurnRunner, current_versions, proposal_requests, review_rounds
+from ..domain.deliberation import (
+    TurnContext,
+    TurnRunner,
+    current_versions,
+    proposal_requests,
+    review_rounds,
+)
 from ..domain.models import Task, TurnRequest, TurnResult, flat_task_fields, validation_message
 from ..domain.scoring import CheckResult, ProposalScore, gate_failures
 from ..domain.workspace import PushedBranch, Workspace, extract_patch
@@ -160,11 +167,12 @@ def _live_turns(
     claim = (context.run_id, len(convened.agents))  # the run's claim on the engine (admission)
     with nats.publisher(context.run_id) as sink:
         progress = TurnProgress(context, sink, convened.task)
+        turn = TurnContext(deadline, convened.engine, progress.on_chunk, progress.on_result, claim)
         if tools is None or not tools[1].active:
-            yield turn_runner.runner(deadline, convened.engine, progress.on_chunk, progress.on_result, claim)
+            yield turn_runner.runner(turn)
         else:  # a repository task: agents call tools and give edits, each engine call through the runner
-            repos, workspace = tools
-            step = turn_runner.runner(deadline, convened.engine, progress.on_chunk, claim=claim)
+            repos, workspace = tools  # the tool runner reports each turn's end, not each engine call
+            step = turn_runner.runner(dataclasses.replace(turn, on_result=None))
             protocol = turn_runner.tool_protocol(convened.engine)
             yield repos.tool_runner(step, workspace, protocol, progress.on_tool, progress.on_result)
     if sink.kept:

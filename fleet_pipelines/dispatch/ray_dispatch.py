@@ -1,12 +1,12 @@
 """Agent turns on Ray, through the admission queue of their engine (`dispatch.admission`).
 
 A batch of turns is submitted to the engine's `EngineQueue` actor (named, detached, shared by
-every run on the cluster, created on first use) and the run long-polls it: text chunks go to
-`on_chunk` as they stream, each result to `on_result` as soon as its turn ends, and the batch
-returns in request order. The actor's name carries a hash of the project's source, so new code
-gets a new queue. An actor process that dies is restarted by Ray; turns it lost are submitted
-again (`max_worker_retries`). Turns still unfinished at the deadline (plus a grace for the actor
-to report its own TIMEOUT) are abandoned, which closes their streams.
+every run on the cluster, created on first use) and the run long-polls it: text chunks go to the
+`TurnContext`'s `on_chunk` as they stream, each result to its `on_result` as soon as its turn
+ends, and the batch returns in request order. The actor's name carries a hash of the project's
+source, so new code gets a new queue. An actor process that dies is restarted by Ray; turns it
+lost are submitted again (`max_worker_retries`). Turns still unfinished at the deadline (plus a
+grace for the actor to report its own TIMEOUT) are abandoned, which closes their streams.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
-from ..domain.deliberation import OnChunk, OnResult
+from ..domain.deliberation import TurnContext
 from ..domain.models import TurnRequest, TurnResult, TurnStatus
 from .admission import AnyEngineSettings, EngineQueue, queue_name
 
@@ -88,30 +88,20 @@ def _create_engine_queue(
 
 
 class RayTurnDispatcher:
-    """Runs batches of turns through the engine's admission queue, honouring a wall-clock deadline."""
+    """Runs batches of turns on `engine` (the settings of `turn.engine`, else the stack's)
+    through its admission queue, under `turn`: its wall-clock deadline, progress and claim."""
 
-    def __init__(
-        self,
-        engine: AnyEngineSettings,
-        settings: DispatchSettings,
-        deadline: float | None = None,
-        on_chunk: OnChunk | None = None,
-        on_result: OnResult | None = None,
-        claim: tuple[str, int] | None = None,
-    ):
+    def __init__(self, engine: AnyEngineSettings, settings: DispatchSettings, turn: TurnContext):
         self.engine = engine
         self.settings = settings
-        self.deadline = deadline  # time.time() after which no turn starts and running ones stop
-        self.on_chunk = on_chunk
-        self.on_result = on_result
-        self.claim = claim  # (run id, council size): the run's claim on the engine (admission.py)
+        self.turn = turn
 
     def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
         if not requests:
             return []
-        given = math.inf if self.deadline is None else self.deadline
+        given = math.inf if self.turn.deadline is None else self.turn.deadline
         # Only a run with a claim asks the queue first: its deadline moved while it was in reserve.
-        queue = None if self.claim is None else engine_queue(self.engine, self.settings)
+        queue = None if self.turn.claim is None else engine_queue(self.engine, self.settings)
         deadline = given if queue is None else self._deadline(queue, given)
         if deadline <= time.time():
             return [
@@ -126,7 +116,7 @@ class RayTurnDispatcher:
         results: dict[str, TurnResult] = {}
         retries = 0
         try:
-            ray.get(queue.submit.remote(submission, self.claim))
+            ray.get(queue.submit.remote(submission, self.turn.claim))
             while len(results) < len(by_id):
                 pending = {i: cursors[i] for i in by_id if i not in results}
                 if time.time() > deadline + 10 * self.settings.poll_s:
@@ -157,13 +147,13 @@ class RayTurnDispatcher:
                 lost = [i for i, n in news.items() if not n["known"]]
                 if lost:  # the actor was restarted: run those turns again
                     retries += 1
-                    ray.get(queue.submit.remote([(i, by_id[i], given) for i in lost], self.claim))
+                    ray.get(queue.submit.remote([(i, by_id[i], given) for i in lost], self.turn.claim))
                     for i in lost:
                         cursors[i] = 0
                 for i, n in news.items():
                     for text, pieces in n["chunks"]:
-                        if self.on_chunk is not None:
-                            self.on_chunk(by_id[i], emitted[i], text, pieces)
+                        if self.turn.on_chunk is not None:
+                            self.turn.on_chunk(by_id[i], emitted[i], text, pieces)
                         cursors[i] += 1
                         emitted[i] += 1
                     if n["result"] is not None:
@@ -176,13 +166,13 @@ class RayTurnDispatcher:
 
     def _deadline(self, queue: ray.actor.ActorHandle, given: float) -> float:
         """The deadline as the queue keeps it for this run (moved by its time in reserve)."""
-        if self.claim is None or math.isinf(given):
+        if self.turn.claim is None or math.isinf(given):
             return given
-        return ray.get(queue.deadline_of.remote(self.claim[0], given))
+        return ray.get(queue.deadline_of.remote(self.turn.claim[0], given))
 
     def _finished(self, result: TurnResult) -> TurnResult:
-        if self.on_result is not None:
-            self.on_result(result)
+        if self.turn.on_result is not None:
+            self.turn.on_result(result)
         return result
 
     @staticmethod

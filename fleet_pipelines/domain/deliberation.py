@@ -13,9 +13,10 @@ the revision prompt carries what it saw. The checker is passed in: nothing here 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from . import prompts
-from .councils import CouncilSettings
+from .councils import CouncilSettings, EngineEntry
 from .models import AgentSpec, Task, TurnKind, TurnRequest, TurnResult, TurnStatus
 from .scoring import CheckResult
 
@@ -25,6 +26,25 @@ OnChunk = Callable[[TurnRequest, int, str, int], None]
 """Live progress: (request, chunk index, text, pieces of text in it) as a turn's reply streams."""
 OnResult = Callable[[TurnResult], None]
 """Live progress: a turn's result, as soon as the turn ends."""
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """What a run's batches of turns run under, besides the requests: its deadline, its engine,
+    its live progress and its claim on the engine. A `TurnRunner` is a runner bound to one."""
+
+    deadline: float | None
+    """A time.time() after which no turn starts and unfinished ones come back TIMEOUT; None: none."""
+    engine: EngineEntry | None = None
+    """The council's own engine (councils file); None: the runner's."""
+    on_chunk: OnChunk | None = None
+    """Sees each turn's text as it streams: (request, chunk index, text, pieces of text in it)."""
+    on_result: OnResult | None = None
+    """Sees each turn's result as soon as the turn ends."""
+    claim: tuple[str, int] | None = None
+    """(run id, council size): the run's claim on the engine, for a runner with admission
+    (dispatch/admission.py); other runners ignore it."""
+
 
 CodeChecker = Callable[[Task, str], list[CheckResult]]
 """Runs the code of a proposal's text for the task and returns what each check saw."""

@@ -19,7 +19,14 @@ import ray
 
 from ..dispatch.ray_dispatch import AnyEngineSettings, DispatchSettings, RayTurnDispatcher
 from ..domain.councils import CouncilSettings, build_council
-from ..domain.deliberation import CodeChecker, TurnRunner, current_versions, proposal_requests, review_rounds
+from ..domain.deliberation import (
+    CodeChecker,
+    TurnContext,
+    TurnRunner,
+    current_versions,
+    proposal_requests,
+    review_rounds,
+)
 from ..domain.models import (
     MAX_EXAMPLES,
     AgentSpec,
@@ -191,7 +198,7 @@ def _arms(
     agents = build_council(task.role, task.num_agents, council_settings)
     baseline = agents[0]
     run_turns: TurnRunner = RayTurnDispatcher(
-        engine, dispatch, deadline=time.time() + settings.problem_timeout_s
+        engine, dispatch, TurnContext(deadline=time.time() + settings.problem_timeout_s)
     )
     if edits is not None:
         run_turns = edits(run_turns)

@@ -11,8 +11,9 @@ together.
 - Tests plug in a scripted runner (tests/scripted.py), so a whole deliberation runs without an
   engine or Ray.
 
-Admission and streaming live behind `run_turns`; the assets see the batch, plus, for live
-progress, `on_chunk` as each turn's text streams and `on_result` as each turn ends.
+Admission and streaming live behind `run_turns`; the assets see the batch, and give one
+`TurnContext` (domain/deliberation.py): the deadline, the council's engine, for live progress
+`on_chunk` as each turn's text streams and `on_result` as each turn ends, and the run's claim.
 """
 
 import contextlib
@@ -26,7 +27,7 @@ from dagster_ray import RayResource
 from pydantic import Field, SecretStr
 
 from ..domain.councils import EngineEntry
-from ..domain.deliberation import OnChunk, OnResult, TurnRunner
+from ..domain.deliberation import TurnContext, TurnRunner
 from ..domain.models import TurnRequest, TurnResult
 from ..domain.tools import ToolProtocol
 from ..llm.settings import EngineSettings
@@ -42,40 +43,14 @@ class TurnRunnerResource(dg.ConfigurableResource, ABC):
         """The model name turns are recorded with (logs, metadata, evaluation fingerprints)."""
 
     @abstractmethod
-    def run_turns(
-        self,
-        requests: Sequence[TurnRequest],
-        deadline: float | None,
-        engine: EngineEntry | None = None,
-        on_chunk: OnChunk | None = None,
-        on_result: OnResult | None = None,
-        claim: tuple[str, int] | None = None,
-    ) -> list[TurnResult]:
-        """One result per request, in request order. `deadline` is a time.time() after which
-        unfinished turns come back as TIMEOUT; None for no deadline. `engine`: the council's own
-        engine (councils file); None for the runner's. `on_chunk(request, seq, text, tokens)` sees
-        each turn's text as it streams, `on_result(result)` each turn as it ends. `claim`: (run
-        id, council size), the run's claim on the engine for a runner with admission
-        (dispatch/admission.py); others ignore it."""
+    def run_turns(self, requests: Sequence[TurnRequest], turn: TurnContext) -> list[TurnResult]:
+        """One result per request, in request order, under `turn`: its deadline (unfinished
+        turns come back as TIMEOUT), its engine (None: the runner's), its progress callbacks and
+        its claim (ignored by a runner without admission)."""
 
-    def runner(
-        self,
-        deadline: float | None,
-        engine: EngineEntry | None = None,
-        on_chunk: OnChunk | None = None,
-        on_result: OnResult | None = None,
-        claim: tuple[str, int] | None = None,
-    ) -> TurnRunner:
-        """A `TurnRunner` (what the domain's algorithms take) bound to a deadline, an engine,
-        progress callbacks and the run's claim (`run_turns`)."""
-        return partial(
-            self.run_turns,
-            deadline=deadline,
-            engine=engine,
-            on_chunk=on_chunk,
-            on_result=on_result,
-            claim=claim,
-        )
+    def runner(self, turn: TurnContext) -> TurnRunner:
+        """A `TurnRunner` (what the domain's algorithms take) bound to `turn` (`run_turns`)."""
+        return partial(self.run_turns, turn=turn)
 
     def release_engine(self, run_id: str, engine: EngineEntry | None = None) -> None:
         """The run sends no more turns to the engine (its claim goes to the next run)."""
@@ -111,22 +86,11 @@ class RayTurnRunner(TurnRunnerResource):
             num_cpus_per_turn=self.num_cpus_per_turn, max_worker_retries=self.max_worker_retries
         )
 
-    def run_turns(
-        self,
-        requests: Sequence[TurnRequest],
-        deadline: float | None,
-        engine: EngineEntry | None = None,
-        on_chunk: OnChunk | None = None,
-        on_result: OnResult | None = None,
-        claim: tuple[str, int] | None = None,
-    ) -> list[TurnResult]:
+    def run_turns(self, requests: Sequence[TurnRequest], turn: TurnContext) -> list[TurnResult]:
         from ..dispatch.ray_dispatch import RayTurnDispatcher
 
-        settings = self.engine_settings(engine)
-        dispatcher = RayTurnDispatcher(
-            settings, self.dispatch_settings(), deadline, on_chunk, on_result, claim
-        )
-        return dispatcher(requests)
+        settings = self.engine_settings(turn.engine)
+        return RayTurnDispatcher(settings, self.dispatch_settings(), turn)(requests)
 
     def release_engine(self, run_id: str, engine: EngineEntry | None = None) -> None:
         import ray

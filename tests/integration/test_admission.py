@@ -24,7 +24,7 @@ from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.dispatch.admission import NOT_STARTED
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
-from fleet_pipelines.domain.deliberation import proposal_requests
+from fleet_pipelines.domain.deliberation import TurnContext, proposal_requests
 from fleet_pipelines.domain.models import Role, Task, TurnRequest, TurnStatus
 from fleet_pipelines.events.streams import streaming_subject
 from fleet_pipelines.llm.engine import EngineSettings
@@ -92,7 +92,9 @@ def test_more_turns_than_slots_complete_without_a_timeout(llm_server: str, conne
 
     requests = [r for i in range(4) for r in proposals(f"slots-{i}", 3, 48)]  # 12 turns, 3 slots
     settings = DispatchSettings()  # capacity from llama.cpp's /props
-    results = RayTurnDispatcher(engine(llm_server), settings, deadline=time.time() + 600)(requests)
+    results = RayTurnDispatcher(engine(llm_server), settings, TurnContext(deadline=time.time() + 600))(
+        requests
+    )
     assert [r.status for r in results] == [TurnStatus.COMPLETED] * 12, [r.error for r in results]
     stats = ray.get(engine_queue(engine(llm_server), settings).stats.remote())
     assert stats["capacity"] == 3 and stats["peak_running"] == 3
@@ -123,7 +125,7 @@ def test_a_turn_that_cannot_make_its_deadline_is_timeout_without_being_sent(llm_
     ray.get(queue.submit.remote([("long-1", slot_holder("long-1"), math.inf)]))
     wait_for_first_chunk(queue, "long-1")
     try:
-        [result] = RayTurnDispatcher(engine(llm_server), settings, deadline=time.time() + 2)(
+        [result] = RayTurnDispatcher(engine(llm_server), settings, TurnContext(deadline=time.time() + 2))(
             proposals("short-1", 1, 32)
         )
         stats = ray.get(queue.stats.remote())

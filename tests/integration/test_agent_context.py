@@ -14,7 +14,7 @@ from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.assets.story import STORY_DECISIONS, story_context
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
-from fleet_pipelines.domain.deliberation import review_rounds
+from fleet_pipelines.domain.deliberation import TurnContext, review_rounds
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, TurnResult
 from fleet_pipelines.domain.scoring import SandboxLimits
 from fleet_pipelines.llm.engine import EngineSettings
@@ -47,7 +47,9 @@ def test_an_authors_revision_prompt_carries_its_failing_test(llm_server, ray_hea
         turn(agent.agent_id, WRONG_ADD, task_id=task.task_id, role=task.role) for agent in council
     ]
     engine = RayTurnDispatcher(
-        EngineSettings(base_url=llm_server, model=MODEL_NAME), DispatchSettings(), deadline=time.time() + 240
+        EngineSettings(base_url=llm_server, model=MODEL_NAME),
+        DispatchSettings(),
+        TurnContext(deadline=time.time() + 240),
     )
     sent: list[TurnRequest] = []
 
@@ -73,11 +75,9 @@ class RecordingRayTurnRunner(RayTurnRunner):
 
     record_to: str = Field(description="File each request is appended to.")
 
-    def run_turns(
-        self, requests: Sequence[TurnRequest], deadline: float | None, *args, **kwargs
-    ) -> list[TurnResult]:
+    def run_turns(self, requests: Sequence[TurnRequest], turn: TurnContext) -> list[TurnResult]:
         record(self.record_to, requests)
-        return super().run_turns(requests, deadline, *args, **kwargs)
+        return super().run_turns(requests, turn)
 
 
 def test_a_story_of_two_tasks_carries_the_plans_story_and_the_first_decision_into_the_second(

@@ -16,7 +16,7 @@ import pytest
 from fleet_pipelines.dispatch.admission import execute_turn, make_engine
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
-from fleet_pipelines.domain.deliberation import proposal_requests
+from fleet_pipelines.domain.deliberation import TurnContext, proposal_requests
 from fleet_pipelines.domain.models import Role, Task, TurnStatus
 from fleet_pipelines.llm.engine import EngineSettings
 from tests.fakes import FakeOpenAIServer, Fault
@@ -156,7 +156,9 @@ def test_killed_queue_actor_is_restarted_and_the_turn_rerun(ray_head):
         killer = threading.Thread(target=kill_worker_mid_turn)
         killer.start()
         dispatcher = RayTurnDispatcher(
-            engine(fake.base_url, first_token_timeout_s=10), DispatchSettings(), deadline=time.time() + 60
+            engine(fake.base_url, first_token_timeout_s=10),
+            DispatchSettings(),
+            TurnContext(deadline=time.time() + 60),
         )
         [result] = dispatcher([REQUEST])
         killer.join()
@@ -176,7 +178,7 @@ def test_deadline_cancels_unfinished_turns_as_timeout(ray_head):
             # A queue of its own: one that learnt a slow pace from an earlier fake on the same port
             # would (rightly) not send the turn at all.
             DispatchSettings(capacity=2),
-            deadline=time.time() + 10,  # room to create the queue actor on a loaded machine
+            TurnContext(deadline=time.time() + 10),  # room to create the queue actor on a loaded machine
         )
         start = time.monotonic()
         [result] = dispatcher([REQUEST])

@@ -32,6 +32,7 @@ from fleet_pipelines.assets.deliberation import (
     materialize_deliberation,
 )
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
+from fleet_pipelines.domain.deliberation import TurnContext
 from fleet_pipelines.domain.models import (
     Message,
     RepoSpec,
@@ -274,7 +275,9 @@ class TestRayActor:
         results = RayTurnDispatcher(
             settings,
             DispatchSettings(),
-            on_chunk=lambda r, seq, text, n: chunks.setdefault(r.task_id, []).append(text),
+            TurnContext(
+                deadline=None, on_chunk=lambda r, seq, text, n: chunks.setdefault(r.task_id, []).append(text)
+            ),
         )(requests)
         assert [r.status for r in results] == [TurnStatus.COMPLETED] * 3, [r.error for r in results]
         # Streamed through the admission queue like the HTTP backend, whose capacity is max_num_seqs.

@@ -272,9 +272,9 @@ class RewritingRunner(ScriptedTurnRunner):
     councils_file: str = ""
     rewritten: str = ""
 
-    def run_turns(self, requests, deadline, engine=None, on_chunk=None, on_result=None, claim=None):
+    def run_turns(self, requests, turn):
         Path(self.councils_file).write_text(self.rewritten)
-        return super().run_turns(requests, deadline, engine, on_chunk, on_result, claim)
+        return super().run_turns(requests, turn)
 
 
 def test_the_council_is_convened_once_per_run_and_a_file_changed_mid_run_does_not_change_it(

@@ -320,10 +320,10 @@ def test_a_run_stopped_by_its_blocking_check_still_tells_its_outcome(tmp_path: P
 class StoppingRunner(ScriptedTurnRunner):
     """Stops the NATS server when the review turns start: NATS lost in the middle of a run."""
 
-    def run_turns(self, requests, deadline, engine=None, on_chunk=None, on_result=None, claim=None):
+    def run_turns(self, requests, turn):
         if requests[0].kind is TurnKind.CRITIQUE:
             NATS_SERVERS[0].stop()
-        return super().run_turns(requests, deadline, engine, on_chunk, on_result, claim)
+        return super().run_turns(requests, turn)
 
 
 NATS_SERVERS: list = []

@@ -8,6 +8,7 @@ import sys
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.decision import rank
+from fleet_pipelines.domain.deliberation import TurnContext
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnResult
 from fleet_pipelines.domain.scoring import (
     CodeBlock,
@@ -57,7 +58,7 @@ LIMITS = SandboxLimits(wall_s=10, cpu_s=3)
 # engine: the judge is "not scored" here; the real judge is exercised against llama.cpp in
 # tests/integration/test_scoring_llm.py.
 PAST_DEADLINE = RayTurnDispatcher(
-    EngineSettings(base_url="http://127.0.0.1:9", model="m"), DispatchSettings(), 0.0
+    EngineSettings(base_url="http://127.0.0.1:9", model="m"), DispatchSettings(), TurnContext(deadline=0.0)
 )
 
 
