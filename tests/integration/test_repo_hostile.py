@@ -437,13 +437,14 @@ HIDDEN = (
 _HOSTILE_DRIVER = textwrap.dedent(
     """
     import dataclasses, json, sys
+    from fleet_pipelines.domain.scoring import SandboxLimits
     from fleet_pipelines.sandbox import run as sandbox
 
-    fields = {f.name for f in dataclasses.fields(sandbox.SandboxLimits)}
+    fields = {f.name for f in dataclasses.fields(SandboxLimits)}
     print(json.dumps(sandbox.isolation_available()), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        limits = sandbox.SandboxLimits(**{k: v for k, v in req["limits"].items() if k in fields})
+        limits = SandboxLimits(**{k: v for k, v in req["limits"].items() if k in fields})
         result = sandbox.run_python(req["source"], limits, req["files"], req["mounts"], tuple(req["tools"]))
         print(json.dumps(dataclasses.asdict(result)), flush=True)
     """

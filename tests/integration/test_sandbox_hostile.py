@@ -52,13 +52,14 @@ _DRIVER = textwrap.dedent(
     import dataclasses, json, sys
     from concurrent.futures import ThreadPoolExecutor
     from fleet_pipelines.sandbox import cgroups
+    from fleet_pipelines.domain.scoring import SandboxLimits
     from fleet_pipelines.sandbox import run as sandbox
 
     if "no-cgroup" in sys.argv:  # as if no cgroup tree were writable
         cgroups.detect = lambda: None
 
     def call(req):
-        limits = sandbox.SandboxLimits(**req["limits"])
+        limits = SandboxLimits(**req["limits"])
         if req["kind"] == "python":
             return {"result": dataclasses.asdict(sandbox.run_python(req["source"], limits, req["files"]))}
         examples = [tuple(e) for e in req["examples"]]
