@@ -1,6 +1,8 @@
 """Agent turns with tools: a `TurnRunner` that runs each turn as engine calls and tool calls in
 turn, until a reply holds no call or the step budget is spent (`domain.tools`), and that turns a
-proposal's edits into its patch (`domain.edits`).
+proposal's edits into its patch (`domain.edits`). A call the turn made before (same tool, same
+arguments) is not run again: its output is already in the history, and the turn must answer next
+(a small model otherwise repeats one search until its budget is spent).
 
 Every engine call goes through the runner it wraps (the admission queue, the deadline), in
 batches: all turns waiting for the engine go together. Tool calls run through `execute` (the
@@ -40,6 +42,7 @@ from .workspace import extract_patch, is_test_path, rationale_of
 
 TOOL_KINDS = frozenset({TurnKind.PROPOSE, TurnKind.REVISE})  # turns that write a patch
 EDIT_STEP = "edit"  # the tool step of an answer whose edits did not all match
+REPEATED = "error: this call was made before in this turn and its output is above: not run again"
 Execute = Callable[[str, dict], str]
 """Runs one tool (name, arguments) and returns its output."""
 OnStep = Callable[[TurnRequest, ToolStep], None]
@@ -94,6 +97,14 @@ class _Turn:
         self.calls = 0
         self.started = time.monotonic()
         self.last_refusal = ""  # why the last answer's edits were refused
+        self.stalled = False  # it repeated a call it had made: no more calls, it answers next
+
+    def calls_left(self, budget: StepBudget) -> int:
+        return 0 if self.stalled else budget.max_tool_calls - len(self.steps)
+
+    def made(self, call: ParsedCall) -> bool:
+        """Whether the turn already made this call (same tool, same arguments)."""
+        return any(s.parsed and s.name == call.name and s.arguments == call.arguments for s in self.steps)
 
     def absorb(self, result: TurnResult) -> None:
         self.calls += 1
@@ -163,12 +174,15 @@ def tool_turns(
 
     def run_calls(turn: _Turn, calls: list[ParsedCall]) -> list[ToolStep]:
         ran = []
-        for call in calls[: budget.max_tool_calls - len(turn.steps)]:
+        for call in calls[: turn.calls_left(budget)]:
             start = time.monotonic()
             if call.error:
                 step = ToolStep(
                     name=call.name or "?", text=call.text, parsed=False, output=f"error: {call.error}"
                 )
+            elif turn.made(call):  # its output is above: a model that repeats itself answers now
+                turn.stalled = True
+                step = ToolStep(name=call.name, arguments=call.arguments, output=REPEATED)
             else:
                 output = execute(call.name, call.arguments)
                 step = ToolStep(name=call.name, arguments=call.arguments, output=output)
@@ -197,7 +211,7 @@ def tool_turns(
             for i, result in zip(order, results, strict=True):
                 turn = turns[i]
                 turn.absorb(result)
-                left = budget.max_tool_calls - len(turn.steps)
+                left = budget.max_tool_calls - len(turn.steps)  # steps: tool calls and refused answers
                 out_of_time = time.monotonic() - turn.started >= budget.max_seconds
                 tokens_left = budget.max_tokens - turn.tokens_out
                 can_go_on = left > 0 and not out_of_time and tokens_left > 0
@@ -210,9 +224,9 @@ def tool_turns(
                     calls = [call] if call is not None else []
                 elif offer:
                     calls = parse_tool_calls(result.content)
-                if calls and can_go_on:
+                if calls and can_go_on and turn.calls_left(budget) > 0:
                     ran = run_calls(turn, calls)
-                    reply = Message(role="user", content=results_message(ran, left - len(ran)))
+                    reply = Message(role="user", content=results_message(ran, turn.calls_left(budget)))
                     waiting[i] = turn.request = next_request(turn, result.content, ran, [reply], tokens_left)
                     continue
                 if broken:
@@ -226,7 +240,7 @@ def tool_turns(
                     continue
                 step = ToolStep(name=EDIT_STEP, arguments={"answer": result.content[:200]}, output=why)
                 record(turn, step)
-                reply = Message(role="user", content=results_message([step], left - 1))
+                reply = Message(role="user", content=results_message([step], turn.calls_left(budget)))
                 waiting[i] = turn.request = next_request(turn, result.content, [], [reply], tokens_left)
         return [final[i] for i in range(len(turns))]
 
@@ -265,7 +279,7 @@ def tool_turns(
         request = turn.request.model_copy(
             update={"messages": messages, "max_tokens": min(turn.request.max_tokens, tokens_left)}
         )
-        if budget.max_tool_calls - len(turn.steps) <= 0:
+        if turn.calls_left(budget) <= 0:
             request = without_calls(request, protocol, texts)
         elif protocol == "json":
             read = frozenset(str(s.arguments.get("path")) for s in turn.steps if s.name == "read_file")

@@ -206,3 +206,24 @@ def test_a_json_turn_reads_each_file_once():
     _, _, engine = run_json([call, ANSWER])
     offered = [o["properties"]["tool"]["const"] for o in engine.batches[1][0].response_schema["anyOf"][:-1]]
     assert offered == ["search_text"]  # calc.py was read: no read_file left to offer
+
+
+def test_a_call_made_again_is_not_run_and_the_turn_must_answer():
+    search = json.dumps({"tool": "search_text", "arguments": {"text": "add"}})
+    result, executed, engine = run_json([search, search, ANSWER])
+    assert executed == [("search_text", {"text": "add"})]  # the repeat never reached the tools
+    assert [s.output.startswith("error: this call was made before") for s in result.tool_steps] == [
+        False,
+        True,
+    ]
+    last = engine.batches[-1][0]
+    assert "budget is spent" in last.messages[-1].content
+    assert "anyOf" not in last.response_schema  # only the answer's schema: no call offered any more
+    assert result.engine_calls == 3 and "return a + b" in extract_patch(result.content)
+
+
+def test_a_text_call_made_again_ends_the_calls_of_the_turn():
+    results, executed, engine = run({"a1": [READ, READ, READ, "my answer"]}, StepBudget(max_tool_calls=6))
+    [result] = results
+    assert executed == [("read_file", {"path": "a.py"})]
+    assert result.engine_calls == 3 and TOOL_CALL_CLOSE not in engine.batches[-1][0].stop
