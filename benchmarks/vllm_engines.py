@@ -19,7 +19,7 @@ import psutil
 
 from fleet_pipelines import stack
 from fleet_pipelines.domain.models import Message
-from fleet_pipelines.llm.engine import ChatEngine, EngineSettings
+from fleet_pipelines.llm.engine import ChatCall, ChatEngine, EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME, fetch_model
 from fleet_pipelines.llm.vllm_actor import (
     VLLMActorEngine,
@@ -29,15 +29,13 @@ from fleet_pipelines.llm.vllm_actor import (
 )
 from fleet_pipelines.resources.ray_cluster import present_ray_token
 
-PROMPT = [Message(role="user", content="Write a Python function that reverses a string, with a docstring.")]
+PROMPT = (Message(role="user", content="Write a Python function that reverses a string, with a docstring."),)
 
 
 def blocking(make_engine):
-    """A synchronous `complete(messages, temperature, max_tokens)` over a streaming engine (one event
-    loop, and so one fresh engine, per call: threads run calls at once)."""
-    return lambda messages, temperature, max_tokens: asyncio.run(
-        make_engine().stream(messages, temperature, max_tokens)
-    )
+    """A synchronous `complete(call)` over a streaming engine (one event loop, and so one fresh
+    engine, per call: threads run calls at once)."""
+    return lambda call: asyncio.run(make_engine().stream(call))
 
 
 def rss_mb(pid: int) -> float:
@@ -49,13 +47,13 @@ def throughput(complete, concurrency: int, max_tokens: int) -> tuple[float, floa
     """(tokens/s over the batch, wall seconds) for `concurrency` simultaneous turns."""
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        done = list(pool.map(lambda _: complete(PROMPT, 0.0, max_tokens), range(concurrency)))
+        done = list(pool.map(lambda _: complete(ChatCall(PROMPT, 0.0, max_tokens)), range(concurrency)))
     wall = time.perf_counter() - start
     return sum(c.tokens_out for c in done) / wall, wall
 
 
 def report(name: str, ready_s: float, mem_mb: float, complete, concurrency: int, max_tokens: int) -> None:
-    complete(PROMPT, 0.0, 8)  # warm-up
+    complete(ChatCall(PROMPT, 0.0, 8))  # warm-up
     single, _ = throughput(complete, 1, max_tokens)
     many, wall = throughput(complete, concurrency, max_tokens)
     print(
@@ -118,7 +116,7 @@ def bench_actor(hf_model: Path, logs: Path, concurrency: int, max_tokens: int) -
         )
         start = time.perf_counter()
         complete = blocking(lambda: VLLMActorEngine(settings))
-        complete(PROMPT, 0.0, 1)  # returns once the model is loaded
+        complete(ChatCall(PROMPT, 0.0, 1))  # returns once the model is loaded
         ready = time.perf_counter() - start
         pid = ray.get(engine_actor(settings).stats.remote())["pid"]
         report("ray actor", ready, rss_mb(pid), complete, concurrency, max_tokens)

@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..domain.models import TurnRequest, TurnResult, TurnStatus
-from ..llm.engine import ChatEngine, Engine, EngineError, EngineSettings, llama_cpp_slots, normalize_base_url
+from ..llm.engine import (
+    ChatCall,
+    ChatEngine,
+    Engine,
+    EngineError,
+    EngineSettings,
+    llama_cpp_slots,
+    normalize_base_url,
+)
 from ..llm.vllm_actor import VLLMActorEngine, VLLMActorSettings
 from .scheduler import Claim, Decision, Grant, Scheduler, TakeBack, TurnSpec
 
@@ -70,16 +78,7 @@ async def execute_turn(
 
     try:
         async with asyncio.timeout(None if math.isinf(deadline) else deadline - time.time()):
-            completion = await engine.stream(
-                request.messages,
-                request.temperature,
-                request.max_tokens,
-                request.stop,
-                request.response_schema,
-                collect,
-                tools=request.tools or None,
-                slot=slot,
-            )
+            completion = await engine.stream(ChatCall.for_request(request, slot), collect)
     except TimeoutError:
         result = TurnResult.unfinished(
             request,

@@ -35,7 +35,7 @@ import httpx
 import openai
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from ..domain.models import Message
+from ..domain.models import Message, TurnRequest
 from ..domain.tools import render_call
 from .settings import EngineSettings
 
@@ -72,24 +72,41 @@ class Completion:
     tokens_cached: int = 0  # prompt tokens the engine read from its prompt cache
 
 
+@dataclass(frozen=True)
+class ChatCall:
+    """One chat completion an `Engine` is asked for: what is sent, nothing about how the text is
+    watched (that is `stream`'s `on_text`)."""
+
+    messages: tuple[Message, ...]  # the conversation so far, oldest first
+    temperature: float  # sampling temperature (0: greedy)
+    max_tokens: int  # the most tokens the reply may have
+    stop: tuple[str, ...] = ()  # stop sequences: the engine ends the reply at the first one
+    response_schema: dict | None = None  # JSON schema the engine constrains the reply to; None: free
+    tools: tuple[dict, ...] = ()  # OpenAI tools offered (native tool calling); none: the text protocol
+    slot: int | None = None  # the engine slot to decode it in (llama.cpp's `id_slot`); None: any
+
+    @classmethod
+    def for_request(cls, request: TurnRequest, slot: int | None = None) -> ChatCall:
+        """The engine call of one turn, decoded in `slot` (None: the engine picks)."""
+        return cls(
+            messages=tuple(request.messages),
+            temperature=request.temperature,
+            max_tokens=request.max_tokens,
+            stop=tuple(request.stop),
+            response_schema=request.response_schema,
+            tools=tuple(request.tools or ()),
+            slot=slot,
+        )
+
+
 class Engine(Protocol):
     """What the admission queue sends turns to: `ChatEngine` (any OpenAI-compatible server) and
     `VLLMActorEngine` (vLLM's engine in a Ray actor). Errors that end a turn raise `EngineError`."""
 
-    async def stream(
-        self,
-        messages: list[Message],
-        temperature: float,
-        max_tokens: int,
-        stop: list[str] | None = None,
-        response_schema: dict | None = None,
-        on_text: OnText | None = None,
-        tools: list[dict] | None = None,
-        slot: int | None = None,
-    ) -> Completion:
-        """One streamed chat completion; with `response_schema` the reply is that JSON schema's;
-        `tools`: OpenAI tools, the calls returned written into the reply in the text protocol;
-        `slot`: the engine slot to decode it in (llama.cpp's `id_slot`), None: the engine picks."""
+    async def stream(self, call: ChatCall, on_text: OnText | None = None) -> Completion:
+        """One streamed chat completion, each piece of its text passed to `on_text` as it comes; with
+        the call's `response_schema` the reply is that JSON schema's; with its `tools` the calls
+        returned are written into the reply in the text protocol."""
         ...
 
 
@@ -147,25 +164,15 @@ class ChatEngine:
             ),
         )
 
-    async def stream(
-        self,
-        messages: list[Message],
-        temperature: float,
-        max_tokens: int,
-        stop: list[str] | None = None,
-        response_schema: dict | None = None,
-        on_text: OnText | None = None,
-        tools: list[dict] | None = None,
-        slot: int | None = None,
-    ) -> Completion:
-        """One streamed chat completion; with `response_schema` the engine constrains the reply to
-        that JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM guided decoding).
-        With `tools` (OpenAI tool calling) the streamed `tool_calls` deltas are assembled by index
-        (id, name, argument pieces) and each call is written into the reply in the text protocol's
-        form with its id (`domain.tools.render_call`), so one parser reads both and the call's
-        `tool` answer names it. With
-        `slot`, llama.cpp decodes it in that slot, reusing the prompt prefix the slot holds
-        (`id_slot`, `cache_prompt`); only for llama.cpp, whose slots the ids are."""
+    async def stream(self, call: ChatCall, on_text: OnText | None = None) -> Completion:
+        """One streamed chat completion; with the call's `response_schema` the engine constrains the
+        reply to that JSON schema (OpenAI `response_format` json_schema: llama.cpp grammar, vLLM
+        guided decoding). With `tools` (OpenAI tool calling) the streamed `tool_calls` deltas are
+        assembled by index (id, name, argument pieces) and each call is written into the reply in the
+        text protocol's form with its id (`domain.tools.render_call`), so one parser reads both and
+        the call's `tool` answer names it. With a `slot`, llama.cpp decodes it in that slot, reusing
+        the prompt prefix the slot holds (`id_slot`, `cache_prompt`); only for llama.cpp, whose slots
+        the ids are."""
         s = self.settings
         attempts = 0
         retrying = AsyncRetrying(
@@ -178,17 +185,7 @@ class ChatEngine:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    return await self._attempt(
-                        messages,
-                        temperature,
-                        max_tokens,
-                        stop,
-                        response_schema,
-                        on_text,
-                        attempts,
-                        tools,
-                        slot,
-                    )
+                    return await self._attempt(call, on_text, attempts)
         except _Streamed as exc:
             raise EngineError(
                 type(exc.cause).__name__, f"engine failed mid-stream: {exc.cause}", attempts
@@ -208,30 +205,28 @@ class ChatEngine:
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    async def _attempt(
-        self, messages, temperature, max_tokens, stop, response_schema, on_text, attempts, tools, slot=None
-    ):
+    async def _attempt(self, call: ChatCall, on_text: OnText | None, attempts: int) -> Completion:
         s = self.settings
         response_format = (
             {
                 "type": "json_schema",
-                "json_schema": {"name": "reply", "strict": True, "schema": response_schema},
+                "json_schema": {"name": "reply", "strict": True, "schema": call.response_schema},
             }
-            if response_schema
+            if call.response_schema
             else openai.NOT_GIVEN
         )
         start = time.perf_counter()
         opening = self._client.chat.completions.create(
             model=s.model,
-            messages=[m.wire() for m in messages],
-            temperature=temperature,
-            max_tokens=max_tokens,
-            stop=stop or openai.NOT_GIVEN,
+            messages=[m.wire() for m in call.messages],
+            temperature=call.temperature,
+            max_tokens=call.max_tokens,
+            stop=list(call.stop) or openai.NOT_GIVEN,
             response_format=response_format,
-            tools=tools or openai.NOT_GIVEN,
+            tools=list(call.tools) or openai.NOT_GIVEN,
             stream=True,
             stream_options={"include_usage": True},
-            extra_body=None if slot is None else {"id_slot": slot, "cache_prompt": True},
+            extra_body=None if call.slot is None else {"id_slot": call.slot, "cache_prompt": True},
         )
         try:
             stream = await asyncio.wait_for(opening, s.first_token_timeout_s)

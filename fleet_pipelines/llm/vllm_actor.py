@@ -25,8 +25,7 @@ from pathlib import Path
 import ray
 from ray.exceptions import RayError
 
-from ..domain.models import Message
-from .engine import Completion, EngineError, OnText, next_within
+from .engine import ChatCall, Completion, EngineError, OnText, next_within
 from .settings import VLLMActorSettings
 
 
@@ -65,8 +64,9 @@ class VLLMEngineActor:
         response_schema: dict | None = None,
         tools: list[dict] | None = None,
     ):
-        """One request in the running batch, yielded as text deltas; a final item carries the token
-        counts. Cancelling the call (the admission queue abandons the turn) aborts the request.
+        """One request in the running batch (a `ChatCall` as plain data: `VLLMActorEngine.stream`
+        sends it across Ray), yielded as text deltas; a final item carries the token counts.
+        Cancelling the call (the admission queue abandons the turn) aborts the request.
         `tools` (OpenAI form) go to the chat template (the settings' `chat_template`, else the
         model's); the calls the model writes (Hermes `<tool_call>` JSON) come back as its text,
         which the tool loop parses like the engine client's rendered calls; `response_schema`
@@ -144,27 +144,22 @@ class VLLMActorEngine:
         self._actor = engine_actor(settings)
         self._loaded = False
 
-    async def stream(
-        self,
-        messages: list[Message],
-        temperature: float,
-        max_tokens: int,
-        stop: list[str] | None = None,
-        response_schema: dict | None = None,
-        on_text: OnText | None = None,
-        tools: list[dict] | None = None,
-        slot: int | None = None,
-    ) -> Completion:
-        """`slot` is not used: vLLM finds a request's cached prefix in any sequence (automatic
-        prefix caching, `enable_prefix_caching`)."""
+    async def stream(self, call: ChatCall, on_text: OnText | None = None) -> Completion:
+        """The call's `slot` is not used: vLLM finds a request's cached prefix in any sequence
+        (automatic prefix caching, `enable_prefix_caching`)."""
         s = self.settings
         try:
             if not self._loaded:  # the actor's constructor loads the model; any call waits for it
                 await asyncio.wait_for(self._actor.stats.remote(), s.load_timeout_s)
                 self._loaded = True
             start = time.perf_counter()
-            deltas = self._actor.stream.options(num_returns="streaming").remote(
-                [m.wire() for m in messages], temperature, max_tokens, stop, response_schema, tools
+            deltas = self._actor.stream.options(num_returns="streaming").remote(  # plain data for Ray
+                [m.wire() for m in call.messages],
+                call.temperature,
+                call.max_tokens,
+                list(call.stop),
+                call.response_schema,
+                list(call.tools) or None,
             )
         except (RayError, TimeoutError) as exc:
             raise EngineError(type(exc).__name__, f"vLLM engine actor not available: {exc}", 1) from exc

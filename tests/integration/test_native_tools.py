@@ -6,7 +6,7 @@ with a second engine call that carries that answer."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from fleet_pipelines.domain.models import (
     TurnStatus,
 )
 from fleet_pipelines.evaluation.repo_suite import REPO_CASES, create_repo
-from fleet_pipelines.llm.engine import ChatEngine
+from fleet_pipelines.llm.engine import ChatCall, ChatEngine, Completion
 from fleet_pipelines.llm.local_server import MODEL_NAME
 from fleet_pipelines.llm.settings import EngineSettings
 from fleet_pipelines.resources.repos import ReposResource
@@ -30,7 +30,7 @@ from fleet_pipelines.sandbox import isolation_available
 pytestmark = pytest.mark.skipif(not isolation_available()[0], reason="needs the bubblewrap sandbox")
 
 CASE = REPO_CASES[0]  # calc-add
-Stream = Callable[..., object]  # an engine's `stream` (ChatEngine, VLLMActorEngine)
+Stream = Callable[[ChatCall], Coroutine[object, object, Completion]]  # an engine's `stream`
 # SmolLM2-135M does not choose tools by itself; it copies a call it is shown, which is what the
 # engine has to parse: the test is of the plumbing, not of the model's judgement.
 COPY_A_CALL = (
@@ -54,9 +54,7 @@ def native_call_turn(
         results = []
         for r in requests:
             sent.append(r)
-            done = asyncio.run(
-                stream(r.messages, r.temperature, r.max_tokens, r.stop, r.response_schema, tools=r.tools)
-            )
+            done = asyncio.run(stream(ChatCall.for_request(r)))
             results.append(
                 TurnResult.for_request(
                     r, TurnStatus.COMPLETED, content=done.content, tokens_out=done.tokens_out

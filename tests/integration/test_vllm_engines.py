@@ -44,7 +44,7 @@ from fleet_pipelines.domain.models import (
 )
 from fleet_pipelines.evaluation.repo_suite import create_repo
 from fleet_pipelines.llm.chat_template import CHATML_TOOLS
-from fleet_pipelines.llm.engine import ChatEngine, EngineSettings
+from fleet_pipelines.llm.engine import ChatCall, ChatEngine, EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME, fetch_model
 from fleet_pipelines.llm.vllm_actor import (
     VLLMActorEngine,
@@ -141,14 +141,18 @@ class TestOpenAIServer:
     def test_chat_engine_streams_single_and_concurrent_turns(self, vllm_server: str):
         settings = EngineSettings(base_url=vllm_server, model=MODEL_NAME)
         pieces: list[str] = []
-        single = asyncio.run(ChatEngine(settings).stream(PROMPT, 0.0, MAX_TOKENS, on_text=pieces.append))
+        single = asyncio.run(
+            ChatEngine(settings).stream(ChatCall(tuple(PROMPT), 0.0, MAX_TOKENS), pieces.append)
+        )
         assert single.content.strip() and single.model == MODEL_NAME
         assert 0 < single.tokens_out <= MAX_TOKENS and single.tokens_in > 10
         assert len(pieces) > 1 and "".join(pieces) == single.content  # streamed, in order
 
         async def three() -> list:
             engine = ChatEngine(settings)
-            return await asyncio.gather(*(engine.stream(PROMPT, 0.7, MAX_TOKENS) for _ in range(3)))
+            return await asyncio.gather(
+                *(engine.stream(ChatCall(tuple(PROMPT), 0.7, MAX_TOKENS)) for _ in range(3))
+            )
 
         results = asyncio.run(three())
         assert all(r.content.strip() and r.tokens_out > 0 for r in results)
@@ -192,9 +196,7 @@ def json_protocol_turn(stream, tmp_path: Path, workspaces: Path):
     def run_step(requests):
         out = []
         for r in requests:
-            done = asyncio.run(
-                stream(r.messages, r.temperature, r.max_tokens, r.stop, r.response_schema, tools=r.tools)
-            )
+            done = asyncio.run(stream(ChatCall.for_request(r)))
             out.append(
                 TurnResult.for_request(
                     r, TurnStatus.COMPLETED, content=done.content, tokens_out=done.tokens_out

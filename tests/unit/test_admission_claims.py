@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from fleet_pipelines.dispatch.admission import EngineQueue
 from fleet_pipelines.domain.models import Message, Role, TurnKind, TurnRequest, TurnStatus
-from fleet_pipelines.llm.engine import Completion, EngineSettings
+from fleet_pipelines.llm.engine import ChatCall, Completion, EngineSettings, OnText
 
 
 class GatedEngine:
@@ -34,8 +34,9 @@ class GatedEngine:
             state[key] = event
         return {key for key, event in state.items() if event == "start"}
 
-    async def stream(self, messages, temperature, max_tokens, stop=None, schema=None, on_text=None, **_):
-        key = messages[-1].content
+    async def stream(self, call: ChatCall, on_text: OnText | None = None) -> Completion:
+        assert on_text is not None  # the queue streams every turn
+        key = call.messages[-1].content
         self.attempts[key] += 1
         attempt = self.attempts[key]
         self.log.append(("start", key))
