@@ -32,8 +32,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from .decision import quorum_for
+from .limits import SandboxLimits
 from .models import MAX_RUBRIC_CHARS, AgentSpec, Role, Task, TurnKind
-from .scoring import CODE_ROLES, SandboxLimits, ScoringWeights
+from .scoring import CODE_ROLES, ScoringWeights
 from .tools import ToolProtocol
 
 DIVERSITY_TEMPERATURE_FACTOR = 1.3

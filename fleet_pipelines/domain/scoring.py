@@ -19,7 +19,6 @@ import ast
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -89,21 +88,6 @@ class ScoringWeights(BaseModel):
         description="A repository task's patch leaves alone what judges it: tests, conftest.py, pytest "
         "configuration, plugin entry points, standard-library names (0 when it touches any).",
     )
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Limits of one sandboxed run (a proposal's code, its tests, a repository job): what the
-    sandbox (`fleet_pipelines.sandbox`) holds a run to; the council's are in `Convened`."""
-
-    wall_s: float = 10.0
-    cpu_s: float = 5.0
-    memory_mb: int = 512
-    max_processes: int = 32
-    max_file_mb: int = 16
-    max_output_chars: int = 8_000
-    work_dir_mb: int = 64
-    cpus: float = 1.0
 
 
 class CodeBlock(BaseModel):

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, cast
 import dagster as dg
 from pydantic import Field
 
-from ..domain.scoring import SandboxLimits, ScoringWeights
+from ..domain.limits import SandboxLimits
+from ..domain.scoring import ScoringWeights
 from ..resources.config import derived_model
 from .settings import FROM_THE_COUNCIL, EvaluationSettings
 

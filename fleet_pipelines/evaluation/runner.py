@@ -27,6 +27,7 @@ from ..domain.deliberation import (
     proposal_requests,
     review_rounds,
 )
+from ..domain.limits import SandboxLimits
 from ..domain.models import (
     MAX_EXAMPLES,
     AgentSpec,
@@ -37,7 +38,7 @@ from ..domain.models import (
     TurnResult,
     TurnStatus,
 )
-from ..domain.scoring import CheckResult, SandboxLimits, score_proposal
+from ..domain.scoring import CheckResult, score_proposal
 from ..sandbox import run_tests
 from ..scoring.checks import execution_checks
 from ..workspace.runs import RepoRunLimits

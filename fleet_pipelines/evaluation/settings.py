@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..domain.scoring import SandboxLimits, ScoringWeights
+from ..domain.limits import SandboxLimits
+from ..domain.scoring import ScoringWeights
 
 FROM_THE_COUNCIL = ("sandbox", "weights")
 """The fields the evaluation takes from the council resource, not from its own config."""

@@ -15,7 +15,8 @@ import dagster as dg
 from pydantic import BaseModel, Field, create_model
 from pydantic.fields import FieldInfo
 
-from ..domain.scoring import SandboxLimits, ScoringWeights
+from ..domain.limits import SandboxLimits
+from ..domain.scoring import ScoringWeights
 from ..llm.settings import EngineSettings, VLLMActorSettings
 
 

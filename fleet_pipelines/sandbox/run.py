@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from ..domain.scoring import SandboxLimits
+from ..domain.limits import SandboxLimits
 from . import cgroups
 from .setup import (
     OWN_UID,

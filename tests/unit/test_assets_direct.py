@@ -15,8 +15,9 @@ from fleet_pipelines.assets.deliberation import (
 from fleet_pipelines.domain.context import StoryContext
 from fleet_pipelines.domain.councils import Convened
 from fleet_pipelines.domain.decision import Decision
+from fleet_pipelines.domain.limits import SandboxLimits
 from fleet_pipelines.domain.models import DeliberationStatus, Role, Task, TurnStatus
-from fleet_pipelines.domain.scoring import ProposalScore, SandboxLimits
+from fleet_pipelines.domain.scoring import ProposalScore
 from fleet_pipelines.domain.workspace import Workspace
 from fleet_pipelines.resources.config import SandboxLimitsConfig
 from fleet_pipelines.resources.council import CouncilResource

@@ -73,7 +73,7 @@ def test_cgroup_paths_are_read_relative_to_the_mount_root():
 def test_without_a_cgroup_what_a_run_can_hold_fits_its_memory_limit_or_it_is_refused():
     """`bound`: address space per process x processes + /work + /dev/shm never exceeds
     memory_mb without a cgroup; with one, the limits stand as given (the cgroup holds the sum)."""
-    from fleet_pipelines.domain.scoring import SandboxLimits
+    from fleet_pipelines.domain.limits import SandboxLimits
     from fleet_pipelines.sandbox.setup import Bound, bound
 
     assert bound(SandboxLimits(memory_mb=256, max_processes=16), cgroup=False) == Bound(96, 2, 48, 16)

@@ -18,8 +18,8 @@ from fleet_pipelines.assets.deliberation import (
 from fleet_pipelines.assets.partitions import deliberation_partitions
 from fleet_pipelines.cli import fleet
 from fleet_pipelines.domain.councils import CouncilsFileError, parse_councils
+from fleet_pipelines.domain.limits import SandboxLimits
 from fleet_pipelines.domain.models import Role, Task, TurnKind
-from fleet_pipelines.domain.scoring import SandboxLimits
 from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.config import (
     EngineConfig,

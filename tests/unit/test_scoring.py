@@ -9,10 +9,10 @@ from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispa
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.decision import rank
 from fleet_pipelines.domain.deliberation import TurnContext
+from fleet_pipelines.domain.limits import SandboxLimits
 from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnResult
 from fleet_pipelines.domain.scoring import (
     CodeBlock,
-    SandboxLimits,
     ScoringWeights,
     gate_failures,
     parse_block,

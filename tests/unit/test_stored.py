@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from fleet_pipelines.domain.councils import Convened
+from fleet_pipelines.domain.limits import SandboxLimits
 from fleet_pipelines.domain.models import Role, Task, TurnResult
-from fleet_pipelines.domain.scoring import SandboxLimits
 from fleet_pipelines.history.stored import STORED_MODELS, StoredValueError, dump_value, load_value
 from fleet_pipelines.resources.council import CouncilResource
 from tests.factories import turn
