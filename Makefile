@@ -45,9 +45,13 @@ dev: model
 # every test module's asserts again on each run (~4 s of the unit tier's collection).
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q
 UNIT := $(PYTEST) -n auto --maxprocesses=4 -m "not nats"
+# The integration tier on two workers, each with its own servers (llama.cpp on one thread, Ray,
+# NATS), handed one test at a time, the longest first (tests/integration/conftest.py): most of a
+# test is waiting on a server or a subprocess, so two share a 2-core machine.
+INTEGRATION := -n 2 --dist load --maxschedchunk 1
 test: model
 	$(UNIT) tests/unit $(PYTEST_ARGS)
-	$(PYTEST) --durations=15 tests/integration $(PYTEST_ARGS)
+	$(PYTEST) $(INTEGRATION) --durations=15 tests/integration $(PYTEST_ARGS)
 	$(PYTEST) -m nats tests/unit $(PYTEST_ARGS)
 
 test-unit: install

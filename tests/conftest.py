@@ -153,7 +153,7 @@ def stack_env(llm_server: str, ray_head: str, tmp_path: Path, monkeypatch: pytes
     """Environment that points the code location at the test stack; returns its resources."""
     monkeypatch.setenv("FLEET_LLM_BASE_URL", llm_server)
     monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
-    monkeypatch.setenv("FLEET_MAX_TOKENS", os.environ.get("FLEET_TEST_MAX_TOKENS", "128"))
+    monkeypatch.setenv("FLEET_MAX_TOKENS", os.environ.get("FLEET_TEST_MAX_TOKENS", "64"))
     return wiring.resources(FleetSettings.from_env())
 
 

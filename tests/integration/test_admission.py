@@ -203,6 +203,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.heavy(105)
 @pytest.mark.ray_client
 def test_runs_through_ray_client_share_one_queue_and_stream_back(
     llm_server: str, nats_resource, tmp_path: Path, ray_token: Path

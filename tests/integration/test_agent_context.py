@@ -80,6 +80,7 @@ class RecordingRayTurnRunner(RayTurnRunner):
         return super().run_turns(requests, turn)
 
 
+@pytest.mark.heavy(47)
 def test_a_story_of_two_tasks_carries_the_plans_story_and_the_first_decision_into_the_second(
     stack_env, dagster_instance, tmp_path: Path
 ):
@@ -131,6 +132,7 @@ def _launched(log: Path) -> int:
     return log.read_text(errors="replace").count("launch_slot_") if log.exists() else 0
 
 
+@pytest.mark.heavy(36)
 def test_a_councils_file_routes_each_roles_turns_to_its_engine(
     ray_head, dagster_instance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

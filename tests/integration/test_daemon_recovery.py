@@ -49,6 +49,7 @@ def wait_for_runs(instance: dg.DagsterInstance, count: int, timeout_s: float = 1
     raise AssertionError(f"{len(run_keys(instance))} runs after {timeout_s}s, expected {count}")
 
 
+@pytest.mark.heavy(70)
 def test_daemon_down_then_back_and_replays_start_no_second_run(nats_resource: NatsResource, tmp_path: Path):
     home = tmp_path / "home"
     home.mkdir()

@@ -26,6 +26,7 @@ TASK_CONFIG = {
 }
 
 
+@pytest.mark.heavy(80)
 def test_three_agents_one_round_materialises_every_asset(stack_env, dagster_instance, tmp_path: Path):
     task_id = "e2e-palindrome-1"
     result = materialize_deliberation(dagster_instance, stack_env, task_id, TASK_CONFIG)
@@ -157,6 +158,7 @@ def test_decision_checks_judge_each_partition_alone(stack_env, dagster_instance)
         assert "winner_passes_checks" in checks
 
 
+@pytest.mark.heavy(120)
 def test_a_repository_task_with_the_real_engine_never_fails(stack_env, dagster_instance, tmp_path: Path):
     """SmolLM2-135M writes what it writes, under the engine's default `json` protocol (every call
     schema-constrained): the deliberation ends COMPLETED or PARTIAL, every agent's turn and tool

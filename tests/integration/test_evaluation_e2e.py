@@ -28,6 +28,7 @@ CONFIG = {
 }
 
 
+@pytest.mark.heavy(85)
 def test_tiny_evaluation_runs_every_arm_and_reports(stack_env, dagster_instance):
     # An earlier partition of the same problems and model where every arm passed everything: the
     # drop check must flag every arm that now scores below 1.0 by more than the tolerance.

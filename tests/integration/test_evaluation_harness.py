@@ -101,6 +101,7 @@ def verdicts() -> dict[str, tuple]:
         return dict(zip((p.problem_id for p in PROBLEMS), pool.map(judge, PROBLEMS), strict=True))
 
 
+@pytest.mark.heavy(45)
 def test_every_reference_solution_passes_its_hidden_test(verdicts):
     failing = {pid: v[0] for pid, v in verdicts.items() if v[0] != "passed"}
     assert len(verdicts) == 164 + len(load_fleet())

@@ -76,6 +76,7 @@ def namespace_argv() -> list[str]:
     return [unshare, "--net"] if os.geteuid() == 0 else [unshare, "--user", "--map-root-user", "--net"]
 
 
+@pytest.mark.heavy(300)
 def test_quick_start_and_nats_blocks_run_as_written_and_never_touch_4222(tmp_path: Path):
     stack, blocks = marked_blocks()
     assert stack == "make dev"

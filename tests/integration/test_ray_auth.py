@@ -61,6 +61,7 @@ def join(
     )
 
 
+@pytest.mark.heavy(37)
 def test_the_stacks_head_requires_its_token_whatever_home_holds(tmp_path: Path):
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)
@@ -83,6 +84,7 @@ def test_the_stacks_head_requires_its_token_whatever_home_holds(tmp_path: Path):
         head.stop()
 
 
+@pytest.mark.heavy(60)
 def test_ray_client_needs_the_secrets_token_presented_from_a_file(tmp_path: Path):
     value = secrets.token_hex(32)  # what `kubectl create secret ... auth_token=` holds
     home = tmp_path / "home"
@@ -118,7 +120,7 @@ def test_ray_client_needs_the_secrets_token_presented_from_a_file(tmp_path: Path
         mounted = tmp_path / "secrets" / "auth_token"  # the Secret's key, as the pods mount it
         mounted.parent.mkdir()
         mounted.write_text(value)
-        joined = join(home, address, mounted, 1)
+        joined = join(home, address, mounted, 3)  # its client server may fail to start once under load
         assert joined.returncode == 0 and "joined 42" in joined.stdout, joined.stderr[-3000:]
         anyone = join(home, address, None, 1, refused=True)
         other = tmp_path / "other"

@@ -77,6 +77,7 @@ def test_the_nightly_suite_can_join_the_repositories():
         get_suite("humaneval,nope")
 
 
+@pytest.mark.heavy(230)
 @pytest.mark.integration
 @needs_sandbox
 def test_a_tiny_repository_evaluation_runs_every_arm(stack_env, dagster_instance):
@@ -91,8 +92,8 @@ def test_a_tiny_repository_evaluation_runs_every_arm(stack_env, dagster_instance
         "problem_ids": ["repos/calc-add"],
         "num_agents": 2,
         "rounds": 1,
-        "max_tokens": 128,
-        "max_samples_b": 4,
+        "max_tokens": 64,
+        "max_samples_b": 2,
         "max_concurrent_problems": 1,
         "bootstrap_resamples": 200,
     }

@@ -76,6 +76,7 @@ def expire(instance: dg.DagsterInstance, resources: dict) -> dict:
     return {k: v.value for k, v in output.step_output_data.metadata.items()}
 
 
+@pytest.mark.heavy(39)
 def test_retention_removes_logged_deliberations_and_result_still_answers(stack_env, tmp_path: Path):
     home = tmp_path / "home"
     home.mkdir()

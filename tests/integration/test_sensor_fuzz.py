@@ -77,6 +77,7 @@ def session(nats_server: str):
     loop.close()
 
 
+@pytest.mark.heavy(54)
 def test_no_generated_message_lets_an_exception_out_of_the_sensor(session):
     loop, opened = session
     state = {"cursor": None, "count": 0}
