@@ -46,10 +46,9 @@ dev: model
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q
 UNIT := $(PYTEST) -n auto --maxprocesses=4 -m "not nats"
 # The integration tier on two workers, each with its own servers (llama.cpp on one thread, Ray,
-# NATS), the longest tests first (tests/integration/conftest.py), a file whose module fixtures are
-# costly (`xdist_group`) on one worker: most of a test waits on a server or a subprocess, so two
-# share a 2-core machine.
-INTEGRATION := -n 2 --dist loadgroup --no-loadscope-reorder
+# NATS), handed one test at a time, the longest first (tests/integration/conftest.py): most of a
+# test is waiting on a server or a subprocess, so two share a 2-core machine.
+INTEGRATION := -n 2 --dist load --maxschedchunk 1
 test: model
 	$(UNIT) tests/unit $(PYTEST_ARGS)
 	$(PYTEST) $(INTEGRATION) --durations=15 tests/integration $(PYTEST_ARGS)

@@ -16,9 +16,6 @@ from fleet_pipelines.evaluation import arms as ev
 from fleet_pipelines.evaluation.suites import load_fleet, load_humaneval
 from fleet_pipelines.sandbox import isolation_available, run_tests
 
-# One worker runs the whole file (its 164-problem runs are module fixtures): `make test`'s loadgroup.
-pytestmark = pytest.mark.xdist_group("humaneval-harness")
-
 PROBLEMS = load_humaneval() + load_fleet()
 
 

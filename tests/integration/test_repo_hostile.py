@@ -22,9 +22,6 @@ from fleet_pipelines.workspace.checkout import CheckoutError, CheckoutLimits, ch
 from fleet_pipelines.workspace.prepare import prepare_workspace
 from fleet_pipelines.workspace.runs import RepoRunLimits, baseline, score_patch
 
-# One worker runs the whole file (its identities' drivers are module fixtures): `make test`'s loadgroup.
-pytestmark = pytest.mark.xdist_group("repo-hostile")
-
 needs_sandbox = pytest.mark.skipif(not isolation_available()[0], reason="needs the bubblewrap sandbox")
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "PATH": os.environ["PATH"]}
 

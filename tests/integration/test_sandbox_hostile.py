@@ -42,9 +42,6 @@ from fleet_pipelines.sandbox import SandboxResult, TestRun, cgroups
 from fleet_pipelines.sandbox import run as sandbox
 from fleet_pipelines.sandbox import setup as sandbox_setup
 
-# One worker runs the whole file (its identities' drivers are module fixtures): `make test`'s loadgroup.
-pytestmark = pytest.mark.xdist_group("sandbox-hostile")
-
 LIMITS = SandboxLimits(wall_s=8, cpu_s=3, memory_mb=256, max_processes=16)
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
