@@ -39,8 +39,7 @@ dev: model
 
 # The unit tier runs on every core (at most 4 workers: each collects the whole tier) and starts
 # no server: a unit test that asks for the real nats-server is marked `nats` (tests/conftest.py)
-# and runs with the integration tier, one test at a time (its tests share one engine and
-# measure deadlines).
+# and runs in the integration tier's session, on its servers.
 # Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: without it pytest rewrites
 # every test module's asserts again on each run (~4 s of the unit tier's collection).
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q
@@ -51,8 +50,7 @@ UNIT := $(PYTEST) -n auto --maxprocesses=4 -m "not nats"
 INTEGRATION := -n 2 --dist load --maxschedchunk 1
 test: model
 	$(UNIT) tests/unit $(PYTEST_ARGS)
-	$(PYTEST) $(INTEGRATION) --durations=15 tests/integration $(PYTEST_ARGS)
-	$(PYTEST) -m nats tests/unit $(PYTEST_ARGS)
+	$(PYTEST) $(INTEGRATION) --durations=15 -m "integration or nats" tests/integration tests/unit $(PYTEST_ARGS)
 
 test-unit: install
 	$(UNIT) tests/unit $(PYTEST_ARGS)

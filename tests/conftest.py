@@ -45,10 +45,17 @@ def pytest_configure(config: pytest.Config) -> None:
             signal.signal(signum, signal.default_int_handler)
 
 
+INTEGRATION_DIR = Path(__file__).parent / "integration"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`nats` on the unit tests that ask for the real nats-server, `integration` on every test of
+    tests/integration: `make test` runs both in one session (`-m "integration or nats"`)."""
     for item in items:
         if NATS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.nats)
+        if item.path.is_relative_to(INTEGRATION_DIR):
+            item.add_marker(pytest.mark.integration)
 
 
 _LEFT_ENTERED: list[str] = []  # the first test after which an entered instance was found

@@ -7,10 +7,12 @@ fails), and redefining the prompt's helpers (`poly`, `encode_cyclic`) gains a ca
 from __future__ import annotations
 
 import ast
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from filelock import FileLock
 
 from fleet_pipelines.evaluation import arms as ev
 from fleet_pipelines.evaluation.suites import load_fleet, load_humaneval
@@ -77,8 +79,23 @@ def helper_forgeries(problem: ev.Problem) -> tuple[str, list[str]]:
     return honest, forged
 
 
-@pytest.fixture(scope="module")
-def verdicts() -> dict[str, tuple]:
+@pytest.fixture(scope="session")
+def verdicts(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, list]:
+    """Every problem judged once (~1,200 sandbox runs, about a minute) for the whole session: under
+    xdist the first worker to ask judges and writes the verdicts, the others wait on the lock and
+    read them (pytest-xdist's documented way to run a session fixture once)."""
+    if worker_id == "master":
+        return judge_all()
+    shared = tmp_path_factory.getbasetemp().parent / "harness-verdicts.json"
+    with FileLock(f"{shared}.lock"):
+        if not shared.exists():
+            shared.write_text(json.dumps(judge_all()))
+        return json.loads(shared.read_text())
+
+
+def judge_all() -> dict[str, list]:
+    """Each problem's verdicts as JSON values (lists where tuples were), so a worker that reads them
+    from disk sees what the one that computed them saw."""
     ok, why = isolation_available()
     if not ok:
         pytest.fail(f"the sandbox cannot isolate here, so hidden tests cannot run: {why}")
@@ -98,7 +115,8 @@ def verdicts() -> dict[str, tuple]:
 
     # Sandbox runs are separate processes in their own temp dirs: parallel-safe.
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(zip((p.problem_id for p in PROBLEMS), pool.map(judge, PROBLEMS), strict=True))
+        judged = dict(zip((p.problem_id for p in PROBLEMS), pool.map(judge, PROBLEMS), strict=True))
+    return json.loads(json.dumps(judged))
 
 
 @pytest.mark.heavy(45)
