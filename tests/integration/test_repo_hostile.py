@@ -180,7 +180,7 @@ def test_the_checkout_is_read_only_and_a_bad_ref_is_a_clear_error(tmp_path, root
 )
 def test_a_test_command_that_hangs_or_forks_is_bounded(tmp_path, root, program, status):
     source = make_repo(tmp_path / "src", {"evil.py": program})
-    limits = RepoRunLimits(wall_s=20, cpu_s=10, memory_mb=512, max_processes=32, command_timeout_s=8)
+    limits = RepoRunLimits(wall_s=20, cpu_s=10, memory_mb=512, max_processes=32, command_timeout_s=4)
     started = time.monotonic()
     ws = prepare_workspace(
         "hostile", RepoSpec(url=str(source), test_command="python evil.py"), root, run_limits=limits
@@ -684,7 +684,9 @@ FORGERIES: dict[str, str] = {
 }
 HONEST_WRONG = diff("calc.py", CALC, calc_with(body="    return b - a\n"))
 HONEST_FIX = diff("calc.py", CALC, calc_with(body="    return a + b\n"))
-FORGERY_LIMITS = RepoRunLimits(wall_s=90, cpu_s=60, command_timeout_s=15)
+# A command gets 8 s: an honest run takes 1-2 s on a loaded 2-core machine; a forgery that stops
+# its caller (SIGSTOP) waits out the limit in each command it stops.
+FORGERY_LIMITS = RepoRunLimits(wall_s=90, cpu_s=60, command_timeout_s=8)
 
 
 class Judged:
