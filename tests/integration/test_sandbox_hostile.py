@@ -1217,7 +1217,8 @@ def host_uids(box: Box) -> dict[str, int]:
         running = pool.submit(box.many, sleepers)
         uids: dict[str, int] = {}
         deadline = time.monotonic() + 20
-        while len(uids) < 2 and time.monotonic() < deadline:
+        # Until both are seen, or the runs are over (a box that runs nothing answers at once).
+        while len(uids) < 2 and time.monotonic() < deadline and not running.done():
             for marker in markers:
                 found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
                 with contextlib.suppress(FileNotFoundError, IndexError, StopIteration):
