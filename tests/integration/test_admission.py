@@ -2,24 +2,21 @@
 
 The engine is the scarce resource: turns beyond its slots wait in one queue per engine without
 failing, an abandoned turn closes its stream, a turn that cannot make its deadline is never sent,
-and the tokens of each turn reach `vllm.streaming.{task_id}` in order, also through Ray Client.
+and the tokens of each turn reach `vllm.streaming.{task_id}` in order. The same through Ray Client,
+as deploy/ connects runs (two runs sharing one queue, their tokens streamed back), is checked on the
+deployment's head in test_ray_auth.py, where that head is started once for all its Ray Client checks.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.dispatch.admission import NOT_STARTED
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
@@ -31,7 +28,6 @@ from fleet_pipelines.llm.engine import EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME
 
 pytestmark = pytest.mark.integration
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def proposals(task_id: str, agents: int, max_tokens: int) -> list[TurnRequest]:
@@ -138,7 +134,7 @@ def test_a_turn_that_cannot_make_its_deadline_is_timeout_without_being_sent(llm_
     assert stats["sent"] == 1 and stats["not_started"] == 1  # only the long turn reached the engine
 
 
-def _streamed_turns(nats_resource, task_id: str) -> dict[tuple, list[dict]]:
+def streamed_turns(nats_resource, task_id: str) -> dict[tuple, list[dict]]:
     async def read(session) -> list[dict]:
         out = []
         async for message in session.read_after(
@@ -159,7 +155,7 @@ def test_the_streaming_subject_carries_each_turns_tokens_in_order(
     task_id = "streamed-1"
     config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 2, "rounds": 0}
     result = materialize_deliberation(dagster_instance, stack_env, task_id, config)
-    turns = _streamed_turns(nats_resource, task_id)
+    turns = streamed_turns(nats_resource, task_id)
     for proposal in result.output_for_node("proposals"):
         chunks = turns[(proposal.agent_id, "propose", None)]
         assert [c["seq"] for c in chunks] == list(range(len(chunks)))  # stored in order, none lost
@@ -174,87 +170,6 @@ def test_the_streaming_subject_carries_each_turns_tokens_in_order(
     ]
     assert any(line.startswith("turn agent-dev-001 propose r0: completed") for line in lines)
     assert all(" queue " in line and " service " in line for line in lines)
-
-
-RUN_SCRIPT = """
-import json, sys
-import dagster as dg, ray
-from fleet_pipelines.assets.deliberation import materialize_deliberation
-from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, engine_queue, queue_name, code_version
-from fleet_pipelines.resources.ray_cluster import connect_ray
-from fleet_pipelines import wiring
-from fleet_pipelines.settings import FleetSettings
-
-task_id = sys.argv[1]
-resources = wiring.resources(FleetSettings.from_env())
-config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 3, "rounds": 0}
-with dg.instance_for_test() as instance:
-    result = materialize_deliberation(instance, resources, task_id, config)
-    proposals = result.output_for_node("proposals")
-engine = resources["turn_runner"].engine.to_model()
-connect_ray(ray.init)  # RAY_ADDRESS=ray://...: the run's Ray resource disconnected at its end
-print(json.dumps({
-    "client": ray.util.client.ray.is_connected(),
-    "statuses": [p.status.value for p in proposals],
-    "contents": {p.agent_id: p.content for p in proposals},
-    "queue": queue_name(engine, None, code_version()),
-    "stats": ray.get(engine_queue(engine, DispatchSettings()).stats.remote()),
-}))
-"""
-
-
-@pytest.mark.heavy(105)
-@pytest.mark.ray_client
-def test_runs_through_ray_client_share_one_queue_and_stream_back(
-    llm_server: str, nats_resource, tmp_path: Path, ray_token: Path
-):
-    """The production path: runs connect with ray:// (as deploy/ configures them) to a head with
-    its client server on, beside a second node; two runs at once share one admission queue."""
-    head_port, client_port = stack.free_port(), stack.free_port()
-    cluster_env = {"PYTHONPATH": str(REPO_ROOT)}  # the cluster runs this checkout, as a pod runs the image
-    head = stack.start_ray_head(
-        tmp_path / "head", head_port, ray_token, num_cpus=1, client_port=client_port, env=cluster_env
-    )
-    try:
-        node = stack.start_ray_node(
-            tmp_path / "node", f"127.0.0.1:{head_port}", ray_token, num_cpus=1, env=cluster_env
-        )
-        try:
-            env = {
-                **os.environ,
-                **cluster_env,
-                "RAY_ADDRESS": f"ray://127.0.0.1:{client_port}",
-                "FLEET_LLM_BASE_URL": llm_server,
-                "FLEET_MAX_TOKENS": "48",
-                "FLEET_STORAGE_PATH": str(tmp_path / "storage"),
-            }
-            runs = [
-                subprocess.Popen(
-                    [sys.executable, "-c", RUN_SCRIPT, f"client-run-{i}"],
-                    env=env,
-                    cwd=REPO_ROOT,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-                for i in range(2)
-            ]
-            outputs = [run.communicate(timeout=480) for run in runs]
-        finally:
-            node.stop()
-    finally:
-        head.stop()
-    assert all(run.returncode == 0 for run in runs), [err[-3000:] for _, err in outputs]
-    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    assert all(r["client"] for r in reports)
-    assert all(r["statuses"] == ["completed"] * 3 for r in reports)
-    assert reports[0]["queue"] == reports[1]["queue"]  # one queue for the engine, both runs in it
-    last = max(reports, key=lambda r: r["stats"]["sent"])["stats"]
-    assert last["sent"] >= 12 and last["peak_running"] <= 3  # 2 x (3 proposals + 3 judge turns)
-    for i, report in enumerate(reports):  # tokens came back through the client and were published
-        turns = _streamed_turns(nats_resource, f"client-run-{i}")
-        for agent_id, content in report["contents"].items():
-            assert "".join(c["text"] for c in turns[(agent_id, "propose", None)]) == content
 
 
 def test_reviews_go_to_the_slot_that_wrote_their_proposal_and_reuse_its_prompt(llm_server: str):
