@@ -49,7 +49,38 @@ def wait_for_runs(instance: dg.DagsterInstance, count: int, timeout_s: float = 1
     raise AssertionError(f"{len(run_keys(instance))} runs after {timeout_s}s, expected {count}")
 
 
-@pytest.mark.heavy(70)
+def sensor_ticks(instance: dg.DagsterInstance) -> list:
+    """The planning sensor's ticks, newest first (none before its first tick)."""
+    state = next((s for s in instance.all_instigator_state() if s.name == PLANNING_SENSOR), None)
+    return [] if state is None else list(instance.get_ticks(state.instigator_origin_id, state.selector_id))
+
+
+def wait_for_ticks(instance: dg.DagsterInstance, after: float, count: int, timeout_s: float = 60) -> list:
+    """Polls until `count` ticks that began after `after` (time.time()) have ended; returns them.
+    The daemon has one tick of a sensor in flight at a time: the ticks before them have ended too."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ended = [t for t in sensor_ticks(instance) if t.timestamp > after and t.status != TickStatus.STARTED]
+        if len(ended) >= count:
+            return ended
+        time.sleep(0.5)
+    raise AssertionError(f"not {count} sensor ticks within {timeout_s}s")
+
+
+def wait_until_no_tick_in_flight(instance: dg.DagsterInstance, since: float, timeout_s: float = 60) -> None:
+    """Polls until no tick is in flight, at least a second after `since` (time.time()): a tick the
+    daemon chose to start just before then has been recorded by that time, and has ended. Only the
+    newest tick can be in flight (a tick the first daemon was stopped in may be left STARTED)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        in_flight = any(t.status == TickStatus.STARTED for t in sensor_ticks(instance)[:1])
+        if not in_flight and time.time() >= since + 1:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"a sensor tick still in flight after {timeout_s}s")
+
+
+@pytest.mark.heavy(50)
 def test_daemon_down_then_back_and_replays_start_no_second_run(nats_resource: NatsResource, tmp_path: Path):
     home = tmp_path / "home"
     home.mkdir()
@@ -84,8 +115,9 @@ def test_daemon_down_then_back_and_replays_start_no_second_run(nats_resource: Na
 
     daemon = start_daemon()
     try:
-        keys = wait_for_runs(instance, 6)
-        time.sleep(12)  # two more sensor intervals: nothing else may appear
+        wait_for_runs(instance, 6)
+        # Nothing else may appear: the tick that started them ends, and a whole tick after it.
+        wait_for_ticks(instance, after=time.time(), count=1)
         keys = run_keys(instance)
         assert len(keys) == 6 == len(set(keys))
         assert set(first) < set(keys)
@@ -99,17 +131,16 @@ def test_daemon_down_then_back_and_replays_start_no_second_run(nats_resource: Na
             subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
 
         sensor_cli("stop")
-        time.sleep(6)  # the tick in flight, if any, has ended
+        wait_until_no_tick_in_flight(instance, since=time.time())  # the tick in flight has ended
         reset_at = time.time()
         sensor_cli("cursor", "--delete")
         sensor_cli("start")
-        time.sleep(15)  # at least two ticks after the reset
+        wait_for_ticks(instance, after=reset_at, count=2)  # at least two ticks after the reset
     finally:
         daemon.stop()
     keys = run_keys(instance)
     assert len(keys) == 6 == len(set(keys)), "a replay started a second run"
-    state = next(s for s in instance.all_instigator_state() if s.name == PLANNING_SENSOR)
-    ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id)
+    ticks = sensor_ticks(instance)
     assert ticks and all(t.status != TickStatus.FAILURE for t in ticks)
     # After the reset the sensor asked again for every run (it re-read the stream) and the daemon
     # started none of them: their run keys were taken.

@@ -21,14 +21,14 @@ CONFIG = {
     "problem_ids": PROBLEMS,
     "num_agents": 2,
     "rounds": 1,
-    "max_tokens": 64,  # enough for these two; 128 made this the suite's second-longest test (219 s)
-    "max_samples_b": 4,
+    "max_tokens": 40,  # the greedy strlen (32 tokens) fits, and passes; 128 took 219 s, 64 ~70 s
+    "max_samples_b": 2,  # D's token budget buys more: B samples 2 and selects between them
     "max_concurrent_problems": 2,
     "bootstrap_resamples": 500,
 }
 
 
-@pytest.mark.heavy(85)
+@pytest.mark.heavy(45)
 def test_tiny_evaluation_runs_every_arm_and_reports(stack_env, dagster_instance):
     # An earlier partition of the same problems and model where every arm passed everything: the
     # drop check must flag every arm that now scores below 1.0 by more than the tolerance.
@@ -61,7 +61,7 @@ def test_tiny_evaluation_runs_every_arm_and_reports(stack_env, dagster_instance)
     # D: 2 proposals, then each agent critiques the other and revises (when turns succeed).
     assert (by_arm["D"]["calls"] >= 2).all() and (by_arm["D"]["candidates"] == 2).all()
     assert (by_arm["E"]["calls"] >= 2).all() and (by_arm["E"]["candidates"] == 2).all()
-    assert by_arm["B"]["calls"].between(1, 4).all()
+    assert by_arm["B"]["calls"].between(1, 2).all()
     assert (df["tokens_in"] > 0).all() and (df["tokens_out"] > 0).all() and (df["wall_s"] > 0).all()
 
     for row in df.to_dict("records"):

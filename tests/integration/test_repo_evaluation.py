@@ -77,12 +77,20 @@ def test_the_nightly_suite_can_join_the_repositories():
         get_suite("humaneval,nope")
 
 
-@pytest.mark.heavy(230)
+@pytest.mark.heavy(55)
 @pytest.mark.integration
 @needs_sandbox
 def test_a_tiny_repository_evaluation_runs_every_arm(stack_env, dagster_instance):
     """The evaluation asset on the repository suite with the real engine (SmolLM2-135M): every
-    arm runs and reports, whatever the model writes."""
+    arm runs and reports, whatever the model writes.
+
+    Each arm once, at the least work that runs it: the smallest council and round (N=2, R=1), one
+    sample for arm B, and 16 completion tokens (the config's least). At 16 tokens the model's JSON
+    answers are cut off: each turn is told the error and answers again until the same error comes
+    back (2-3 engine calls), and no candidate holds a patch (patches judged in the sandbox:
+    `test_the_judge_reads_patches_and_the_selector_never_sees_hidden_results`). At 64 tokens the
+    answers were cut at varying points, turns ran up to 7 engine calls, and this test took over
+    twice as long."""
     import dagster as dg
 
     from fleet_pipelines.assets.evaluation import evaluation
@@ -92,8 +100,8 @@ def test_a_tiny_repository_evaluation_runs_every_arm(stack_env, dagster_instance
         "problem_ids": ["repos/calc-add"],
         "num_agents": 2,
         "rounds": 1,
-        "max_tokens": 64,
-        "max_samples_b": 2,
+        "max_tokens": 16,
+        "max_samples_b": 1,
         "max_concurrent_problems": 1,
         "bootstrap_resamples": 200,
     }

@@ -1584,7 +1584,9 @@ DO_NOTHING = {  # appended to each HumanEval prompt with an empty body
 def test_a_do_nothing_candidate_passes_no_humaneval_test_and_no_prompt_example(kind: str):
     """The reviewer's candidates: builtins of the tests shadowed, or every function returning a
     value whose operators lie. Against all 164 hidden tests: none passes; of the prompt examples
-    only those an empty body (None) answers rightly anyway hold."""
+    only those an empty body (None) answers rightly anyway hold. The empty body's examples run
+    only where the candidate holds any: holding none, it holds none beyond them (this skipped
+    ~120 of ~410 sandbox runs per candidate)."""
     from fleet_pipelines.evaluation import arms as ev
     from fleet_pipelines.evaluation.suites import load_humaneval
 
@@ -1597,13 +1599,16 @@ def test_a_do_nothing_candidate_passes_no_humaneval_test_and_no_prompt_example(k
         examples = ev.parse_examples(problem)
         if not examples:
             return passed, 0
-        held = [
-            ev.examples_passed(
+
+        def held(s: str) -> int:
+            return ev.examples_passed(
                 sandbox.run_tests(s, [], ev.examples_tests(problem, examples), LIMITS).outcomes
             )
-            for s in (source, ev.empty_source(problem))
-        ]
-        return passed, held[0] - held[1]  # examples it holds beyond what returning None holds
+
+        by_candidate = held(source)
+        if by_candidate == 0:
+            return passed, 0
+        return passed, by_candidate - held(ev.empty_source(problem))  # beyond what returning None holds
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         verdicts = dict(zip((p.problem_id for p in problems), pool.map(verdict, problems), strict=True))

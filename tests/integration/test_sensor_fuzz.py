@@ -77,22 +77,27 @@ def session(nats_server: str):
     loop.close()
 
 
-@pytest.mark.heavy(54)
+@pytest.mark.heavy(30)
 def test_no_generated_message_lets_an_exception_out_of_the_sensor(session):
     loop, opened = session
     state = {"cursor": None, "count": 0}
+    council = CouncilResource()  # the resource the sensor is given, the same at every tick
 
     async def tick(batch: list[tuple[bytes, str | None]]) -> None:
-        seqs = []
+        pending = []
         for data, msg_id in batch:
             # Odd ids, made unique (a repeated one is dropped by JetStream before the sensor sees it).
             unique = f"{msg_id}#{state['count']}".encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-            ack = await opened.js.publish(
-                PLAN_APPROVED, data, headers={"Nats-Msg-Id": unique} if msg_id else None
+            # Published in order on one connection, their acks awaited together (one round trip).
+            pending.append(
+                await opened.js.publish_async(
+                    PLAN_APPROVED, data, headers={"Nats-Msg-Id": unique} if msg_id else None
+                )
             )
-            assert not ack.duplicate
-            seqs.append(ack.seq)
             state["count"] += 1
+        acks = await asyncio.gather(*pending)
+        assert not any(ack.duplicate for ack in acks)
+        seqs = [ack.seq for ack in acks]
         drained = await drain(opened, state["cursor"], len(batch), 30.0)
         assert drained.error is None and drained.warning is None
         assert drained.cursor.seq == seqs[-1]
@@ -101,9 +106,7 @@ def test_no_generated_message_lets_an_exception_out_of_the_sensor(session):
         planned = sorted({p.stream_seq for p in drained.planned})
         assert sorted(rejected + planned) == seqs
         assert all(reason.strip() for _, reason in drained.rejected)
-        run_requests(
-            drained.planned, CouncilResource()
-        )  # what the sensor hands to Dagster builds for every plan
+        run_requests(drained.planned, council)  # what the sensor hands to Dagster builds for every plan
         state["cursor"] = drained.cursor
 
     @settings(
