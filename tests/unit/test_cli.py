@@ -13,17 +13,20 @@ from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM
 from fleet_pipelines.resources.events import NatsResource
 
 
-def published_plans(nats_url: str) -> list:
+def published_plans(nats: NatsResource) -> list:
     async def read(session):
         return [
             m
             async for m in session.read_after(PLANNING_STREAM, PLAN_APPROVED, 0, 1_000, time.monotonic() + 5)
         ]
 
-    return [p for m in NatsResource(url=nats_url).session(read) for p in plan_deliberations(m)]
+    return [p for m in nats.session(read) for p in plan_deliberations(m)]
 
 
-def test_deliberate_carries_tests_and_examples_into_the_task(tmp_path: Path, nats_server: str):
+def test_deliberate_carries_tests_and_examples_into_the_task(tmp_path: Path, nats_resource: NatsResource):
+    """On the session's nats-server with its streams deleted first (`nats_resource`): other tests
+    of the session publish to the planning stream too, malformed plans included."""
+    nats_server = nats_resource.url
     tests = tmp_path / "test_add.py"
     tests.write_text("def test_add():\n    assert add(2, 3) == 5\n")
     args = [
@@ -39,7 +42,7 @@ def test_deliberate_carries_tests_and_examples_into_the_task(tmp_path: Path, nat
     args += ["--example", "add(2, 2) => 4", "--example", "add('a', 'b') => 'ab'"]
     done = CliRunner().invoke(fleet, args, env={"NATS_URL": nats_server})
     assert done.exit_code == 0, done.output
-    [planned] = [p for p in published_plans(nats_server) if p.task_id == "cli-tests-1"]
+    [planned] = [p for p in published_plans(nats_resource) if p.task_id == "cli-tests-1"]
     assert planned.role == "QA"
     assert planned.task_config["tests"] == tests.read_text()
     assert planned.task_config["examples"] == [

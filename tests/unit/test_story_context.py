@@ -186,9 +186,10 @@ def test_a_story_of_two_tasks_the_second_sees_the_first_decision_story_fields_an
         assert sorted(r.asset_materialization.metadata["task_id"].value for r in records) == ["t1", "t2"]
 
 
-def test_story_context_reads_the_newest_context_events_of_a_long_story(tmp_path: Path, nats_server: str):
+def test_story_context_reads_the_newest_context_events_of_a_long_story(tmp_path: Path, nats_resource):
     """A story with more events than the bound: the newest ones reach the context, oldest first,
-    and another story's events on the same stream are not counted (a real nats-server)."""
+    and another story's events on the same stream are not counted (a real nats-server, its streams
+    deleted first: the consumers counted at the end are this test's alone)."""
 
     from fleet_pipelines.events.context import MAX_CONTEXT_MESSAGES, read_context_updates
 
@@ -203,7 +204,7 @@ def test_story_context_reads_the_newest_context_events_of_a_long_story(tmp_path:
             payload={"story_id": story_id, "summary": f"fact {i}"},
         )
 
-    nats = NatsResource(url=nats_server)
+    nats = nats_resource
     nats.publish([e for i in range(count) for e in (event(story, i), event(other, i))])
     entries, skipped = nats.session(lambda session: read_context_updates(session, story))
     texts = [e.text for e in entries]
