@@ -27,8 +27,6 @@ from fleet_pipelines.events.streams import streaming_subject
 from fleet_pipelines.llm.engine import EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME
 
-pytestmark = pytest.mark.integration
-
 
 def proposals(task_id: str, agents: int, max_tokens: int) -> list[TurnRequest]:
     settings = CouncilSettings(max_tokens=max_tokens)

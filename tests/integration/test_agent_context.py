@@ -24,8 +24,6 @@ from fleet_pipelines.scoring.checks import execution_checks
 from tests.factories import turn
 from tests.scripted import record, recorded
 
-pytestmark = pytest.mark.integration
-
 WRONG_ADD = "## Implementation details\n```python\ndef add(a, b):\n    return a - b\n```\n"
 
 

@@ -9,16 +9,12 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from fleet_pipelines import stack
 from fleet_pipelines.events.models import EventEnvelope
 from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_REJECTED, PLANNING_STREAM, NatsError
 from fleet_pipelines.resources.events import NatsResource
 from tests.factories import plan, plan_envelope
 from tests.integration.test_sensor_planning import seq, tick
-
-pytestmark = pytest.mark.integration
 
 EVENTS = 1_000
 RESTART_AT = 400

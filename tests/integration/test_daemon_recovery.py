@@ -24,7 +24,6 @@ from fleet_pipelines.sensors.planning import PLANNING_SENSOR
 from tests import factories
 from tests.integration.test_sensor_planning import publish_raw
 
-pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -16,8 +16,6 @@ from fleet_pipelines.assets.deliberation import (
 from fleet_pipelines.domain.models import DeliberationStatus, TurnStatus
 from fleet_pipelines.settings import FleetSettings
 
-pytestmark = pytest.mark.integration
-
 TASK_CONFIG = {
     "description": "Write a Python function add(a, b) that returns the sum of two numbers.",
     "role": "DEV",

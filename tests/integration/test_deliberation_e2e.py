@@ -14,8 +14,6 @@ import pytest
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.domain.models import DeliberationStatus, TurnKind, TurnStatus
 
-pytestmark = pytest.mark.integration
-
 TASK_CONFIG = {
     "description": "Write a Python function is_palindrome(s) that ignores case and spaces.",
     "role": "DEV",

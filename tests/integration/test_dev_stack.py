@@ -20,8 +20,6 @@ from fleet_pipelines.cli import REPO_ROOT
 
 from .processes import MARK, left_after, marked
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_fleet_dev_stopped_by_a_signal_while_it_starts_leaves_no_process(tmp_path: Path, signum: int):

@@ -11,8 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from fleet_pipelines.dispatch.admission import execute_turn, make_engine
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
@@ -20,8 +18,6 @@ from fleet_pipelines.domain.deliberation import TurnContext, proposal_requests
 from fleet_pipelines.domain.models import Role, Task, TurnStatus
 from fleet_pipelines.llm.engine import EngineSettings
 from tests.fakes import FakeOpenAIServer, Fault
-
-pytestmark = pytest.mark.integration
 
 TASK = Task(task_id="faults-1", description="Write add(a, b).", role=Role.DEV, num_agents=1, rounds=0)
 SETTINGS = CouncilSettings(max_tokens=32)

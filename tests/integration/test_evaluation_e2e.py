@@ -13,8 +13,6 @@ from fleet_pipelines.assets.evaluation import DROP_CHECK, evaluation
 from fleet_pipelines.evaluation.arms import Arm
 from fleet_pipelines.evaluation.report import fingerprint
 
-pytestmark = pytest.mark.integration
-
 PROBLEMS = ["HumanEval/23", "HumanEval/2"]  # strlen, truncate_number: the easiest of the dev split
 CONFIG = {
     "suite": "humaneval",

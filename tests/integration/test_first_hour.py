@@ -24,8 +24,6 @@ import pytest
 
 from fleet_pipelines.cli import REPO_ROOT
 
-pytestmark = pytest.mark.integration
-
 README = REPO_ROOT / "README.md"
 BLOCK = re.compile(r"<!-- first-hour(?:: (?P<kind>\w+))? -->\n```(?:bash|text)\n(?P<body>.*?)```", re.S)
 PROPOSAL = "--- winning proposal ---"

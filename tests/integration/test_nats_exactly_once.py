@@ -7,8 +7,6 @@ import base64
 import hashlib
 from pathlib import Path
 
-import pytest
-
 from fleet_pipelines import stack
 from fleet_pipelines.events.models import EventEnvelope
 from fleet_pipelines.events.planning import single_task_plan
@@ -18,8 +16,6 @@ from fleet_pipelines.sensors.planning import Cursor, drain
 from tests.factories import read_subject
 from tests.integration.test_sensor_planning import publish_raw, seq, tick
 from tests.unit.test_events import LEGACY
-
-pytestmark = pytest.mark.integration
 
 TASK = {"description": "Write add(a, b).", "role": "DEV", "num_agents": 1, "rounds": 0}
 

@@ -21,8 +21,6 @@ from tests.factories import read_subject, turn
 from tests.integration.test_sensor_planning import publish_raw, seq, tick
 from tests.unit.test_events import LEGACY
 
-pytestmark = pytest.mark.integration
-
 # The old system's streams (its NATS notes), plus the AGENT_RESPONSES its collector read (1 h).
 OLD_STREAMS = {
     "PLANNING_EVENTS": ("planning.>", 30 * 86_400),

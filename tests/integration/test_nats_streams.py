@@ -12,8 +12,6 @@ from fleet_pipelines.events.models import EventEnvelope
 from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM, STREAMS, NatsError, StreamAction
 from fleet_pipelines.resources.events import NatsResource
 
-pytestmark = pytest.mark.integration
-
 
 def actions(plans) -> dict[str, StreamAction]:
     return {p.spec.name: p.action for p in plans}

@@ -24,8 +24,6 @@ from fleet_pipelines.assets.deliberation import (
 )
 from tests.unit.deploy_objects import VALUES, chart_storage
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[2]
 PG = {
     "host": os.environ.get("FLEET_TEST_PG_HOST", "127.0.0.1"),

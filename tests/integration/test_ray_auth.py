@@ -36,10 +36,8 @@ from pathlib import Path
 import pytest
 
 from fleet_pipelines import stack
+from fleet_pipelines.cli import REPO_ROOT
 from tests.integration.test_admission import streamed_turns
-
-pytestmark = pytest.mark.integration
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 JOIN = """
 import logging, sys

@@ -9,15 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from fleet_pipelines.events.models import EventEnvelope
 from fleet_pipelines.events.streams import PLANNING_REJECTED
 from fleet_pipelines.resources.events import NatsResource
 from tests.factories import plan
 from tests.integration.test_sensor_planning import publish_raw, tick
-
-pytestmark = pytest.mark.integration
 
 BAD = plan("US-9", "P-9", roles=["CHEF"], approved_at="2026-11-25")
 

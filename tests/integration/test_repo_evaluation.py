@@ -78,7 +78,6 @@ def test_the_nightly_suite_can_join_the_repositories():
 
 
 @pytest.mark.heavy(55)
-@pytest.mark.integration
 @needs_sandbox
 def test_a_tiny_repository_evaluation_runs_every_arm(stack_env, dagster_instance):
     """The evaluation asset on the repository suite with the real engine (SmolLM2-135M): every

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from fleet_pipelines.cli import REPO_ROOT
 from fleet_pipelines.definitions import defs
@@ -20,8 +19,6 @@ from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.repos import ReposResource
 from fleet_pipelines.sensors.planning import PLANNING_SENSOR
 from tests.factories import read_subject
-
-pytestmark = pytest.mark.integration
 
 
 def fleet(env: dict, *args: str) -> subprocess.CompletedProcess:

@@ -27,8 +27,6 @@ from fleet_pipelines.history.log import DECISION_KEY, day_of
 from fleet_pipelines.resources.history import HistoryResource
 from fleet_pipelines.schedules.retention import retention_job
 
-pytestmark = pytest.mark.integration
-
 TASK = {"description": "Write a Python function add(a, b).", "role": "DEV", "num_agents": 2, "rounds": 0}
 
 

@@ -32,8 +32,6 @@ from fleet_pipelines.names import (
 )
 from tests.integration.test_postgres_storage import postgres_db, postgres_home  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.integration
-
 S = dg.DagsterRunStatus
 # task -> the statuses of its runs, oldest first (the last one is the task's latest run)
 RUNS: dict[str, list[dg.DagsterRunStatus]] = {

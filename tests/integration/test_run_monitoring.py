@@ -27,7 +27,6 @@ from dagster._core.events import DagsterEventType, RunFailureReason
 
 from fleet_pipelines import stack
 
-pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20
 

@@ -4,12 +4,9 @@ scores differ between proposals and every check carries its evidence; asset chec
 from __future__ import annotations
 
 import dagster as dg
-import pytest
 
 from fleet_pipelines.assets.deliberation import materialize_deliberation
 from fleet_pipelines.domain.models import DeliberationStatus
-
-pytestmark = pytest.mark.integration
 
 TASK_CONFIG = {
     "description": "Write a Python function add(a, b) that returns the sum of two numbers.",

@@ -19,8 +19,6 @@ from fleet_pipelines.domain.models import TurnStatus
 from fleet_pipelines.events.streams import STREAMS
 from fleet_pipelines.settings import FleetSettings
 
-pytestmark = pytest.mark.integration
-
 LLM_KEY = "sk-llm-SECRET-7f3a91"
 NATS_TOKEN = "nats-SECRET-b8e2c4"
 

@@ -19,8 +19,6 @@ from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.sensors.planning import Cursor, drain, run_requests
 from tests.unit.test_planning_fuzz import enveloped, legacy, raw_bodies
 
-pytestmark = pytest.mark.integration
-
 EXAMPLES = 10_000
 BATCH = 10  # messages per tick
 

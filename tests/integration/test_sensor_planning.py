@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import deliberation_run_config
@@ -29,8 +28,6 @@ from fleet_pipelines.sensors.planning import PLANNING_SENSOR, Cursor
 from fleet_pipelines.sensors.run_failure import RUN_FAILURE_SENSOR
 from tests.factories import read_subject
 from tests.unit.test_events import ENVELOPED, LEGACY
-
-pytestmark = pytest.mark.integration
 
 SENSOR = defs.get_sensor_def(PLANNING_SENSOR)  # the sensor as registered in the code location
 

@@ -10,8 +10,6 @@ from fleet_pipelines.settings import FleetSettings
 from tests.integration.test_sensor_planning import publish_raw, seq, tick
 from tests.unit.test_events import ENVELOPED, LEGACY
 
-pytestmark = pytest.mark.integration
-
 
 def test_start_at_end_skips_retained_plans_then_runs_new_ones(
     dagster_instance, nats_resource, monkeypatch: pytest.MonkeyPatch

@@ -57,7 +57,7 @@ from fleet_pipelines.resources.repos import ReposResource, StepBudgetConfig
 from fleet_pipelines.sandbox import isolation_available
 from tests.integration.test_native_tools import CASE, assert_called_run_and_answered, native_call_turn
 
-pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+pytestmark = pytest.mark.vllm
 needs_sandbox = pytest.mark.skipif(not isolation_available()[0], reason="needs the bubblewrap sandbox")
 
 MAX_TOKENS = 48
