@@ -12,9 +12,10 @@ free ports with the pass-through as its engine. Then:
 2. the same work alone: the recorded requests sent again straight to a fresh engine of the same
    kind (the one it started is restarted: llama.cpp would restore the prompts it already served
    from memory), each the moment the requests it reads have finished, as many at once as the
-   engine has slots;
+   engine has slots, each decoding as many tokens as the product's reply did (same_work.py);
 3. one JSON object as the last line: {"concurrent", "statuses", "failed_turns", "timed_out_turns",
-   "goodput_same_work" (replay wall / product wall), "slot_occupancy", "by_kind" (per kind, time
+   "goodput_same_work" (replay wall / product wall), "work_match" (replay completion tokens /
+   the product's), "slot_occupancy", "by_kind" (per kind, time
    to first token and tokens per second of service, product and replay), "breakdown" (where the
    product's wall went with no request in the engine), "dagster_per_run" (medians: run start to
    its first engine request, the same less that request's wait in the admission queue, last
@@ -271,6 +272,10 @@ def main() -> None:
         "goodput_same_work": round(replay_wall / product["wall_s"], 3),
         "slot_occupancy": round(sum(c.service_s for c in calls) / (slots * product["wall_s"]), 3),
         "replay_slot_occupancy": round(sum(c.service_s for c in replayed) / (slots * replay_wall), 3),
+        # the replay's completion tokens over the product's: 1.0 is the same work (same_work.py)
+        "work_match": round(
+            sum(c.tokens_out for c in replayed) / max(1, sum(c.tokens_out for c in calls)), 3
+        ),
         "engine_slots": slots,
         # False with FLEET_LLM_BASE_URL: the replay then ran on the engine the product warmed
         "replay_engine_fresh": fresh_replay_engine,

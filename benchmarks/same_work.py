@@ -12,6 +12,14 @@ request it reads has finished, at most `slots` at once (the engine's slot count)
 recorded first; a request pinned to a slot (`id_slot`) waits for that slot, as the product's
 admission queue does. Its wall time over the product's is `goodput_same_work`.
 
+Each request is made to decode as many tokens as the product's reply did (`same_work_body`): the
+model samples another text each time, and a replay whose replies run longer or shorter than the
+product's is other work (two runs' replays differed by 113 s while their products differed by
+29 s). A free-text request gets `max_tokens` = the product's completion tokens, `ignore_eos` and
+no stop strings; a request under a JSON schema or with tools keeps its constraint (its grammar
+has to end where the schema does), capped at the product's count. `work_match` in load.py's
+summary is the replay's completion tokens over the product's.
+
 Both clients open a connection per request (`force_close`): llama.cpp's server answers a streamed
 completion with `Keep-Alive: timeout=5, max=100` and then closes the connection right after the
 last chunk, so a pooled connection reused at once (a request sent the moment the one it reads
@@ -179,12 +187,25 @@ def link_reads(calls: list[Call]) -> None:
         ]
 
 
+def same_work_body(call: Call) -> dict:
+    """The recorded request, set to decode as many tokens as the product's reply did (above)."""
+    body = dict(call.body)
+    if call.tokens_out <= 0:  # no usage reported: as it was
+        return body
+    body.pop("max_completion_tokens", None)
+    body["max_tokens"] = call.tokens_out
+    if not body.get("response_format") and not body.get("tools"):
+        body["ignore_eos"] = True  # llama.cpp's: decode to max_tokens whatever the model samples
+        body.pop("stop", None)
+    return body
+
+
 async def _replay(engine_url: str, calls: list[Call], slots: int) -> tuple[list[Call], float]:
     base = engine_url.rstrip("/").removesuffix("/v1")
     done = [asyncio.Event() for _ in calls]
     capacity = asyncio.Semaphore(slots)
     slot_locks = [asyncio.Lock() for _ in range(slots)]
-    replayed: list[Call] = [Call(body=c.body, sent=0.0, reads=c.reads) for c in calls]
+    replayed: list[Call] = [Call(body=same_work_body(c), sent=0.0, reads=c.reads) for c in calls]
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
 
     connector = aiohttp.TCPConnector(force_close=True)  # see the module's docstring
@@ -200,7 +221,7 @@ async def _replay(engine_url: str, calls: list[Call], slots: int) -> tuple[list[
                     await lock.acquire()
                 try:
                     replayed[i].sent = time.time()
-                    async with session.post(base + CHAT, json=calls[i].body) as response:
+                    async with session.post(base + CHAT, json=replayed[i].body) as response:
                         response.raise_for_status()
                         await _read_stream(response, replayed[i])
                 finally:
