@@ -15,9 +15,9 @@ free ports with the pass-through as its engine. Then:
    engine has slots, each decoding as many tokens as the product's reply did (same_work.py);
 3. one JSON object as the last line: {"concurrent", "statuses", "failed_turns", "timed_out_turns",
    "goodput_same_work" (replay wall / product wall), "work_match" (replay completion tokens /
-   the product's), "slot_occupancy", "by_kind" (per kind, time
-   to first token and tokens per second of service, product and replay), "breakdown" (where the
-   product's wall went with no request in the engine), "dagster_per_run" (medians: run start to
+   the product's), "slot_occupancy", "by_kind" (per kind, time to first token and tokens per
+   second of service, product and replay), "breakdown" (where the product's wall went with no
+   request in the engine), "dagster_per_run" (medians: run start to
    its first engine request, the same less that request's wait in the admission queue, last
    request to run end), "wall_s", ...}.
 
