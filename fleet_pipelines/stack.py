@@ -73,15 +73,16 @@ class Service:
         raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s; log {self.log_path}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(self.grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-            except ProcessLookupError:
-                pass
+        """SIGTERM to its process group, SIGKILL after `grace_s`. The group is signalled also
+        where the service exited already: what it started may outlive it."""
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(self.grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            self.process.wait()
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
