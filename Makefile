@@ -37,23 +37,21 @@ DEV_ARGS ?=
 dev: model
 	$(VENV)/bin/fleet dev $(DEV_ARGS)
 
-# The unit tier runs on every core (at most 4 workers: each collects the whole tier) and starts
-# no server: a unit test that asks for the real nats-server is marked `nats` (tests/conftest.py)
-# and runs in the integration tier's session, on its servers.
 # Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: without it pytest rewrites
 # every test module's asserts again on each run (~4 s of the unit tier's collection).
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q
-UNIT := $(PYTEST) -n auto --maxprocesses=4 -m "not nats"
-# The integration tier on two workers, each with its own servers (llama.cpp on one thread, Ray,
-# NATS), handed one test at a time, the longest first (tests/integration/conftest.py): most of a
-# test is waiting on a server or a subprocess, so two share a 2-core machine.
-INTEGRATION := -n 2 --dist load --maxschedchunk 1
+# `make test` is one session of every test on two workers, each with its own servers (llama.cpp
+# on one thread, Ray, NATS), handed one test at a time, the longest first (tests/integration/
+# conftest.py): most of an integration test is waiting on a server or a subprocess, so two share
+# a 2-core machine, and the unit tests come last, where they fill the time one worker would wait
+# for the other's last long test.
 test: model
-	$(UNIT) tests/unit $(PYTEST_ARGS)
-	$(PYTEST) $(INTEGRATION) --durations=15 -m "integration or nats" tests/integration tests/unit $(PYTEST_ARGS)
+	$(PYTEST) -n 2 --dist load --maxschedchunk 1 --durations=15 tests/integration tests/unit $(PYTEST_ARGS)
 
+# The unit tier on every core (at most 4 workers: each collects the whole tier), no server: a
+# unit test that asks for the real nats-server is marked `nats` (tests/conftest.py) and left out.
 test-unit: install
-	$(UNIT) tests/unit $(PYTEST_ARGS)
+	$(PYTEST) -n auto --maxprocesses=4 -m "not nats" tests/unit $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff format --check .

@@ -49,8 +49,8 @@ INTEGRATION_DIR = Path(__file__).parent / "integration"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`nats` on the unit tests that ask for the real nats-server, `integration` on every test of
-    tests/integration: `make test` runs both in one session (`-m "integration or nats"`)."""
+    """`nats` on the unit tests that ask for the real nats-server (`make test-unit` leaves them
+    out), `integration` on every test of tests/integration (`-m integration` runs that tier)."""
     for item in items:
         if NATS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.nats)
