@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,12 +150,19 @@ class EngineQueue:
         chunk_interval_s: float = 0.3,
         lease_s: float = 60.0,
         finished_keep_s: float = 300.0,
+        idle_exit_s: float = math.inf,
+        on_idle: Callable[[], None] | None = None,
     ):
+        """`on_idle` is called once the queue has held nothing (`Scheduler.idle`) and been asked
+        nothing for `idle_exit_s`: the Ray actor ends itself there (`ray_dispatch`)."""
         self.engine_settings = engine
         self.capacity = capacity or engine_capacity(engine)
         self.chunk_interval_s = chunk_interval_s
         self.lease_s = lease_s
         self.finished_keep_s = finished_keep_s
+        self.idle_exit_s = idle_exit_s
+        self.on_idle = on_idle
+        self._asked_at = time.time()  # the last call of any run
         # Slot ids are sent only to llama.cpp (`id_slot`), whose slots they are; vLLM shares cached
         # prefixes across all requests by itself.
         pin_slots = (
@@ -178,8 +186,7 @@ class EngineQueue:
     ) -> None:
         """Queues (turn id, request, deadline as time.time(), inf for none); returns at once.
         `claim`: (run id, council size) of the run they belong to (see `scheduler`)."""
-        if self._reaper is None:
-            self._reaper = asyncio.create_task(self._reap())
+        self._asked()
         now = time.time()
         run_id = None
         if claim is not None:
@@ -193,17 +200,24 @@ class EngineQueue:
             self._turns[turn_id] = turn
             turn.task = asyncio.create_task(self._run(turn))
 
+    async def ready(self) -> None:
+        """A run is about to use the queue (`ray_dispatch.engine_queue`): it stays up."""
+        self._asked()
+
     async def release(self, run_id: str) -> None:
         """The run sends no more turns: the engine goes to the reserve."""
+        self._asked()
         self._apply(self.scheduler.release(run_id))
 
     async def deadline_of(self, run_id: str, deadline: float) -> float:
         """A deadline of this run as the queue keeps it: moved by the run's time in reserve."""
+        self._asked()
         return self.scheduler.deadline_of(run_id, deadline)
 
     async def poll(self, cursors: dict[str, int], wait_s: float) -> dict[str, dict[str, Any]]:
         """New chunks (after each cursor) and results of these turns; waits up to `wait_s` for any.
         A turn this actor does not know (it was restarted) comes back with known=False."""
+        self._asked()
         deadline = time.monotonic() + wait_s
         while True:
             changed = self._event()
@@ -242,6 +256,11 @@ class EngineQueue:
         return {**self.scheduler.stats(), **self.counts}
 
     # -- inside the actor ------------------------------------------------------------------------
+
+    def _asked(self) -> None:
+        self._asked_at = time.time()
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap())
 
     def _event(self) -> asyncio.Event:
         if self._changed is None:
@@ -363,9 +382,10 @@ class EngineQueue:
         self._notify()
 
     async def _reap(self) -> None:
-        """Abandons turns nobody polls any more (their run died); forgets finished turns."""
+        """Abandons turns nobody polls any more (their run died); forgets finished turns; calls
+        `on_idle` once the queue has held nothing and been asked nothing for `idle_exit_s`."""
         while True:
-            await asyncio.sleep(min(self.lease_s, self.finished_keep_s) / 4)
+            await asyncio.sleep(min(self.lease_s, self.finished_keep_s, self.idle_exit_s) / 4)
             now = time.time()
             stale = [
                 t.turn_id
@@ -377,6 +397,10 @@ class EngineQueue:
             for turn_id, turn in list(self._turns.items()):
                 if turn.finished_at is not None and now - turn.finished_at > self.finished_keep_s:
                     del self._turns[turn_id]
+            idle = self.scheduler.idle() and time.time() - self._asked_at >= self.idle_exit_s
+            if idle and self.on_idle is not None:
+                self.on_idle()
+                return
 
 
 def queue_name(engine: AnyEngineSettings, capacity: int | None, code_version: str) -> str:

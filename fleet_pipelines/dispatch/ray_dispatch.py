@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
 from ..domain.deliberation import TurnContext
 from ..domain.models import TurnRequest, TurnResult, TurnStatus
@@ -49,23 +49,38 @@ class DispatchSettings:
     poll_s: float = 1.0  # longest a poll waits for news
     lease_s: float = 60.0  # a turn nobody polls this long is abandoned (its run died)
     capacity: int | None = None  # engine slots; None: the engine's own (llama.cpp /props, vLLM)
+    # A queue that has held nothing and been asked nothing this long ends (the next run starts it
+    # again): the queue of an engine no run uses any more, or of older code after a deploy, would
+    # otherwise keep its Ray worker on a long-lived cluster.
+    idle_exit_s: float = 900.0
 
 
 def engine_queue(engine: AnyEngineSettings, settings: DispatchSettings) -> ray.actor.ActorHandle:
-    """The admission queue of `engine` on the connected cluster, created by the first caller."""
+    """The admission queue of `engine` on the connected cluster, created by the first caller.
+    It answers `ready` before this returns, so it does not end idle while the caller uses it."""
     name = queue_name(engine, settings.capacity, code_version())
-    queue = _create_engine_queue(name, engine, settings)
-    try:
-        ray.get(queue.__ray_ready__.remote())
-    except Exception as exc:
-        # Through Ray Client, get_if_exists is not atomic: two runs starting at once both create
-        # the actor and the loser's handle fails on first use, the name being taken. The winner's
-        # queue serves both; any other failure is raised as it came.
+    tries = 3
+    while True:
+        queue = _create_engine_queue(name, engine, settings)
         try:
-            return ray.get_actor(name, namespace=WORKER_NAMESPACE)
-        except ValueError:
-            raise exc from None
-    return queue
+            ray.get(queue.ready.remote())
+            return queue
+        except ActorDiedError:
+            # It ended idle as this caller found it: the next try starts it again.
+            tries -= 1
+            if tries == 0:
+                raise
+            time.sleep(0.5)
+        except Exception as exc:
+            # Through Ray Client, get_if_exists is not atomic: two runs starting at once both
+            # create the actor and the loser's handle fails on first use, the name being taken.
+            # The winner's queue serves both; any other failure is raised as it came.
+            try:
+                queue = ray.get_actor(name, namespace=WORKER_NAMESPACE)
+            except ValueError:
+                raise exc from None
+            ray.get(queue.ready.remote())
+            return queue
 
 
 def _create_engine_queue(
@@ -83,8 +98,20 @@ def _create_engine_queue(
             max_restarts=-1,
             max_task_retries=settings.max_worker_retries,
         )
-        .remote(engine, settings.capacity, settings.chunk_interval_s, settings.lease_s)
+        .remote(
+            engine,
+            settings.capacity,
+            settings.chunk_interval_s,
+            settings.lease_s,
+            idle_exit_s=settings.idle_exit_s,
+            on_idle=_end_this_actor,
+        )
     )
+
+
+def _end_this_actor() -> None:
+    """Ends the calling actor for good (not restarted; its name is free for the next run)."""
+    ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
 
 class RayTurnDispatcher:

@@ -243,6 +243,10 @@ class Scheduler:
         run = self._runs.get(run_id) if run_id is not None else None
         return deadline if run is None else deadline + run.shift
 
+    def idle(self) -> bool:
+        """No turn waits or runs, and no run holds the engine or waits in reserve."""
+        return not self._turns and not self._runs
+
     def stats(self) -> dict:
         return {
             "capacity": self.capacity,

@@ -97,6 +97,42 @@ def test_more_turns_than_slots_complete_without_a_timeout(llm_server: str, conne
     assert sum(r.queue_ms >= quickest for r in results) >= 9
 
 
+def test_a_queue_left_idle_ends_and_the_next_batch_starts_it_again(llm_server: str, connected):
+    """A detached queue nobody asks anything ends after `idle_exit_s` (a deploy's new code version
+    would otherwise leave the old version's queue actor on the cluster for good); the next batch
+    for its engine starts a new one, and its turns complete."""
+    import ray
+
+    from fleet_pipelines.dispatch.ray_dispatch import WORKER_NAMESPACE, code_version, queue_name
+
+    # capacity=3, set: a queue of its own (the name carries it), not the one other tests share.
+    settings = DispatchSettings(capacity=3, idle_exit_s=1.0)
+    name = queue_name(engine(llm_server), 3, code_version())
+
+    def batch(task_id: str) -> list[TurnStatus]:
+        turn = TurnContext(deadline=time.time() + 300)
+        return [
+            r.status for r in RayTurnDispatcher(engine(llm_server), settings, turn)(proposals(task_id, 2, 8))
+        ]
+
+    def live_queue() -> str | None:
+        """The id of the live actor of that name (asking it nothing)."""
+        try:
+            return ray.get_actor(name, namespace=WORKER_NAMESPACE)._actor_id.hex()
+        except ValueError:
+            return None
+
+    assert batch("idle-1") == [TurnStatus.COMPLETED] * 2
+    first = live_queue()
+    assert first is not None
+    deadline = time.monotonic() + 30
+    while live_queue() is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert live_queue() is None, "the idle queue is still up"
+    assert batch("idle-2") == [TurnStatus.COMPLETED] * 2
+    assert live_queue() not in (None, first)
+
+
 def test_an_abandoned_turn_closes_its_stream(llm_server: str, connected):
     import ray
 

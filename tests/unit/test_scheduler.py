@@ -131,6 +131,20 @@ def test_runs_whose_councils_fit_hold_the_engine_the_next_waits_in_reserve_until
     assert scheduler.stats()["holding"] == ["run-b", "run-c"] and not scheduler.background("c-1")
 
 
+def test_the_queue_is_idle_only_with_no_turn_and_no_claim():
+    clock = Clock()
+    scheduler = Scheduler(2, clock)
+    assert scheduler.idle()
+    decisions = submit(scheduler, ["a-1"], Claim("run-a", 1), clock.now + 600)
+    send(scheduler, decisions)
+    assert not scheduler.idle()
+    scheduler.ended("a-1", 1.0)
+    scheduler.close("a-1")
+    assert not scheduler.idle()  # the run still holds the engine
+    scheduler.release("run-a")
+    assert scheduler.idle()
+
+
 def test_a_reserve_run_takes_only_idle_slots_and_gives_the_latest_sent_back_to_a_holder():
     clock = Clock()
     scheduler = Scheduler(2, clock)
