@@ -112,7 +112,7 @@ def test_a_queue_left_idle_ends_and_the_next_batch_starts_it_again(llm_server: s
     def batch(task_id: str) -> list[TurnStatus]:
         turn = TurnContext(deadline=time.time() + 300)
         return [
-            r.status for r in RayTurnDispatcher(engine(llm_server), settings, turn)(proposals(task_id, 2, 8))
+            r.status for r in RayTurnDispatcher(engine(llm_server), settings, turn)(proposals(task_id, 2, 16))
         ]
 
     def live_queue() -> str | None:
