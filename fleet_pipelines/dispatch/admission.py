@@ -397,7 +397,7 @@ class EngineQueue:
             for turn_id, turn in list(self._turns.items()):
                 if turn.finished_at is not None and now - turn.finished_at > self.finished_keep_s:
                     del self._turns[turn_id]
-            idle = self.scheduler.idle() and time.time() - self._asked_at >= self.idle_exit_s
+            idle = self.scheduler.idle() and now - self._asked_at >= self.idle_exit_s
             if idle and self.on_idle is not None:
                 self.on_idle()
                 return
