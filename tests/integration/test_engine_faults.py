@@ -9,10 +9,9 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 from fleet_pipelines.dispatch.admission import execute_turn, make_engine
-from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher
+from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import TurnContext, proposal_requests
 from fleet_pipelines.domain.models import Role, Task, TurnStatus
@@ -121,47 +120,36 @@ def test_engine_down_fails_after_retries_with_connection_error():
     assert result.status is TurnStatus.FAILED and result.error_type == "APIConnectionError"
 
 
-def _turn_worker_pids() -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if (proc / "cmdline").read_bytes().startswith(b"ray::EngineQueue"):
-                    pids.append(int(proc.name))
-            except OSError:
-                continue
-    return pids
-
-
 def test_killed_queue_actor_is_restarted_and_the_turn_rerun(ray_head):
     import ray
 
     ray.init(ignore_reinit_error=True, log_to_driver=False)
     with FakeOpenAIServer([Fault(delay_s=4), Fault()]).running() as fake:
+        settings = engine(fake.base_url, first_token_timeout_s=10)
+        # This test's own queue, by its process id: the other xdist worker runs queue actors of its
+        # own (on its own cluster), which a kill of every `ray::EngineQueue` process would hit.
+        queue = engine_queue(settings, DispatchSettings())
+        pid = ray.get(queue.__ray_call__.remote(lambda _: os.getpid()))
         killed: list[int] = []
 
-        def kill_worker_mid_turn() -> None:
+        def kill_queue_mid_turn() -> None:
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not killed:
-                if fake.requests and (pids := _turn_worker_pids()):
-                    for pid in pids:  # every queue actor, so surely the one running the turn
-                        os.kill(pid, signal.SIGKILL)
-                    killed.extend(pids)
+            while time.monotonic() < deadline and not fake.requests:
                 time.sleep(0.05)
+            if fake.requests:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
 
-        killer = threading.Thread(target=kill_worker_mid_turn)
+        killer = threading.Thread(target=kill_queue_mid_turn)
         killer.start()
-        dispatcher = RayTurnDispatcher(
-            engine(fake.base_url, first_token_timeout_s=10),
-            DispatchSettings(),
-            TurnContext(deadline=time.time() + 60),
-        )
+        dispatcher = RayTurnDispatcher(settings, DispatchSettings(), TurnContext(deadline=time.time() + 60))
         [result] = dispatcher([REQUEST])
         killer.join()
-    assert killed, "no queue actor was running the turn"
+    assert killed, "the turn never reached the engine"
     assert result.status is TurnStatus.COMPLETED
     # The first attempt died with the actor; Ray restarted it and the turn was submitted again.
     assert len(fake.requests) == 2
+    assert ray.get(queue.__ray_call__.remote(lambda _: os.getpid())) != pid
 
 
 def test_deadline_cancels_unfinished_turns_as_timeout(ray_head):
