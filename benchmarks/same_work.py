@@ -2,10 +2,12 @@
 there, then replayed straight at the same engine with nothing of the product in between.
 
 `Recorder` is an HTTP pass-through in front of the engine (the product's FLEET_LLM_BASE_URL points
-at it): it forwards every request unchanged and keeps, for each chat completion, its body
-(messages, sampling, `max_tokens`, llama.cpp's `id_slot`), when it was sent, its first token and
-its end, and the reply's text and token counts. Which earlier turns a request reads is found
-from the text: a request reads every earlier reply that its messages quote.
+at it): it forwards every request, with a sampling seed of its own content added (`seeded`: the
+same request gets the same reply in every run, so runs of two trees do the same work), and keeps,
+for each chat completion, its body (messages, sampling, `max_tokens`, llama.cpp's `id_slot`), when
+it was sent, its first token and its end, and the reply's text and token counts. Which earlier
+turns a request reads is found from the text: a request reads every earlier reply that its
+messages quote.
 
 `replay` sends the recorded bodies again with a minimal driver: each request the moment every
 request it reads has finished, at most `slots` at once (the engine's slot count), earliest
@@ -33,6 +35,7 @@ import json
 import statistics
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -101,8 +104,20 @@ async def _read_stream(response: aiohttp.ClientResponse, call: Call, forward=Non
     call.ended = time.time()
 
 
+def seeded(body: dict) -> dict:
+    """The request with a sampling seed of its own content, unless it names one: the engine then
+    samples the same reply to the same request in every run (llama.cpp's sampling is seeded per
+    request, and a slot's output does not depend on what the other slots decode), so two runs of
+    the benchmark, on two trees, ask and decode the same work."""
+    if "seed" in body:
+        return body
+    content = json.dumps(body.get("messages", []), sort_keys=True).encode()
+    return {**body, "seed": zlib.crc32(content)}
+
+
 class Recorder:
-    """The pass-through: `start()` returns its base URL (…/v1); `calls` fills as the product runs."""
+    """The pass-through: `start()` returns its base URL (…/v1); `calls` fills as the product runs;
+    each chat completion goes on `seeded` (above)."""
 
     def __init__(self, engine_url: str):
         self.upstream = engine_url.rstrip("/").removesuffix("/v1")
@@ -145,7 +160,8 @@ class Recorder:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
         call = None
         if request.path == CHAT and request.method == "POST":
-            call = Call(body=json.loads(body), sent=time.time())
+            call = Call(body=seeded(json.loads(body)), sent=time.time())
+            body = json.dumps(call.body).encode()
             self.calls.append(call)
         if self._session is None:  # one connection pool, in the recorder's loop
             timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
