@@ -15,11 +15,12 @@ free ports with the pass-through as its engine. Then:
    engine has slots, each decoding as many tokens as the product's reply did (same_work.py);
 3. one JSON object as the last line: {"concurrent", "statuses", "failed_turns", "timed_out_turns",
    "goodput_same_work" (replay wall / product wall), "work_match" (replay completion tokens /
-   the product's), "slot_occupancy", "by_kind" (per kind, time to first token and tokens per
-   second of service, product and replay), "breakdown" (where the product's wall went with no
-   request in the engine), "dagster_per_run" (medians: run start to
-   its first engine request, the same less that request's wait in the admission queue, last
-   request to run end), "wall_s", ...}.
+   the product's), "completion_tokens" and "work_digest" (the product's replies: runs with equal
+   digests did the same work, since the recorder seeds each request), "slot_occupancy",
+   "by_kind" (per kind, time to first token and tokens per second of service, product and
+   replay), "breakdown" (where the product's wall went with no request in the engine),
+   "dagster_per_run" (medians: run start to its first engine request, the same less that
+   request's wait in the admission queue, last request to run end), "wall_s", ...}.
 
 `slot_occupancy` is the engine's slot-seconds in service (every request's service time, as the
 pass-through saw it) over its slots x `wall_s`: how busy the product kept the engine.
@@ -33,6 +34,7 @@ the figure to read, not the seconds. Run it alone on the machine.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -277,6 +279,9 @@ def main() -> None:
         "work_match": round(
             sum(c.tokens_out for c in replayed) / max(1, sum(c.tokens_out for c in calls)), 3
         ),
+        # the product's replies: equal digests are the same work (same_work.seeded)
+        "completion_tokens": sum(c.tokens_out for c in calls),
+        "work_digest": hashlib.sha256("\0".join(sorted(c.text for c in calls)).encode()).hexdigest()[:16],
         "engine_slots": slots,
         # False with FLEET_LLM_BASE_URL: the replay then ran on the engine the product warmed
         "replay_engine_fresh": fresh_replay_engine,
