@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -42,6 +43,7 @@ from .processes import MARK, left_after
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 DECOY_PORT, DECOY_MONITOR = 4222, 8222
 DEV_PORTS = (3000, 8080, 6380, 4223)  # make dev's defaults: UI, model, Ray, NATS
+LAUNCHPAD_MAX_TOKENS = 24
 
 
 def loopback_up() -> None:
@@ -115,20 +117,27 @@ def run_block(project: Path, home: Path, block: str) -> dict:
 
 def launchpad_run(project: Path) -> dict:
     """A run launched as a person does in the UI: the partition added, deliberation_job launched
-    from the launchpad (GraphQL), followed to its end."""
+    from the launchpad (GraphQL) with the council resource's token cap set in its run config (as
+    the launchpad's config editor allows: the README's blocks already ran the default budgets),
+    followed to its end."""
     import dagster as dg
     from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
     from fleet_pipelines.assets.deliberation import deliberation_partitions, deliberation_run_config
+    from fleet_pipelines.history.status import finished_turns
 
     record = read_stack(project / ".fleet")
     with dg.DagsterInstance.from_config(record.env["DAGSTER_HOME"]) as instance:
         instance.add_dynamic_partitions(deliberation_partitions.name, ["dev-smoke-1"])
         client = DagsterGraphQLClient("127.0.0.1", port_number=DEV_PORTS[0])
         config = {"description": "Write add(a, b) in Python.", "role": "DEV", "num_agents": 2, "rounds": 0}
+        run_config = {
+            **deliberation_run_config(config),
+            "resources": {"council": {"config": {"max_tokens": LAUNCHPAD_MAX_TOKENS}}},
+        }
         run_id = client.submit_job_execution(
             "deliberation_job",
-            run_config=deliberation_run_config(config),
+            run_config=run_config,
             tags={"dagster/partition": "dev-smoke-1"},
         )
         status = None
@@ -154,6 +163,11 @@ def launchpad_run(project: Path) -> dict:
             "engine_tag": instance.get_run_by_id(run_id).tags.get("fleet/engine"),
             "engine": urlparse(record.env["FLEET_LLM_BASE_URL"]).netloc,
             "proposals_preview": previews[0] if previews else "",
+            "proposal_tokens": [  # from the run's turn lines: the cap in its run config held
+                int(match[1])
+                for line in finished_turns(instance, run_id, None)[0]
+                if (match := re.search(r" propose r0: \w+, (\d+) tokens", line))
+            ],
         }
 
 

@@ -24,6 +24,8 @@ import pytest
 
 from fleet_pipelines.cli import REPO_ROOT
 
+from .first_hour import LAUNCHPAD_MAX_TOKENS
+
 README = REPO_ROOT / "README.md"
 BLOCK = re.compile(r"<!-- first-hour(?:: (?P<kind>\w+))? -->\n```(?:bash|text)\n(?P<body>.*?)```", re.S)
 PROPOSAL = "--- winning proposal ---"
@@ -105,6 +107,7 @@ def test_quick_start_and_nats_blocks_run_as_written_and_never_touch_4222(tmp_pat
     ui = report["launchpad_run"]
     assert ui["status"] == "SUCCESS" and ui["engine_tag"] == ui["engine"], ui
     assert "agent-dev-002" in ui["proposals_preview"]
+    assert len(ui["proposal_tokens"]) == 2 and max(ui["proposal_tokens"]) <= LAUNCHPAD_MAX_TOKENS, ui
     # Ctrl-C stopped every part of it (the runs' processes included) and forgot it: a command
     # there now says how to start one, in one line.
     assert report["processes_left"] == [] and report["ports_open"] == []
