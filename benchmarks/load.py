@@ -16,7 +16,7 @@ free ports with the pass-through as its engine. Then:
 3. one JSON object as the last line: {"concurrent", "statuses", "failed_turns", "timed_out_turns",
    "goodput_same_work" (replay wall / product wall), "work_match" (replay completion tokens /
    the product's), "completion_tokens" and "work_digest" (the product's replies: runs with equal
-   digests did the same work, since the recorder seeds each request), "slot_occupancy",
+   digests did the same work; the recorder seeds each request), "slot_occupancy",
    "by_kind" (per kind, time to first token and tokens per second of service, product and
    replay), "breakdown" (where the product's wall went with no request in the engine),
    "dagster_per_run" (medians: run start to its first engine request, the same less that
@@ -91,7 +91,7 @@ def product_timeout_s(k: int) -> float:
 def run_product(dev: stack.DevStack, k: int, agents: int, rounds: int) -> dict:
     instance = dg.DagsterInstance.from_config(str(dev.dagster_home))
     # The same ids in every run (each run has a fresh Dagster instance and NATS): the prompts,
-    # which carry them, are then the same, and so are the seeded replies (same_work.seeded).
+    # which carry them, are then the same, and so are the seeds of their requests (same_work.seeded).
     task_ids = [f"load-{i}" for i in range(k)]
     plans = [
         (

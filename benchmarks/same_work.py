@@ -2,8 +2,8 @@
 there, then replayed straight at the same engine with nothing of the product in between.
 
 `Recorder` is an HTTP pass-through in front of the engine (the product's FLEET_LLM_BASE_URL points
-at it): it forwards every request, with a sampling seed of its own content added (`seeded`: the
-same request gets the same reply in every run, so runs of two trees do the same work), and keeps,
+at it): it forwards every request, with a sampling seed of its own content added (`seeded`), and
+keeps,
 for each chat completion, its body (messages, sampling, `max_tokens`, llama.cpp's `id_slot`), when
 it was sent, its first token and its end, and the reply's text and token counts. Which earlier
 turns a request reads is found from the text: a request reads every earlier reply that its
@@ -105,10 +105,11 @@ async def _read_stream(response: aiohttp.ClientResponse, call: Call, forward=Non
 
 
 def seeded(body: dict) -> dict:
-    """The request with a sampling seed of its own content, unless it names one: the engine then
-    samples the same reply to the same request in every run (llama.cpp's sampling is seeded per
-    request, and a slot's output does not depend on what the other slots decode), so two runs of
-    the benchmark, on two trees, ask and decode the same work."""
+    """The request with a sampling seed of its own content, unless it names one. llama.cpp seeds
+    sampling per request and a decoding slot's logits do not depend on the other slots, so a
+    fresh prompt gets the same reply in every run. A prompt that extends a slot's cached prefix
+    (a revision in its proposal's slot) may be computed in other chunks than in another run, and
+    its reply can then differ: `load.py`'s `work_digest` says whether two runs did the same work."""
     if "seed" in body:
         return body
     content = json.dumps(body.get("messages", []), sort_keys=True).encode()

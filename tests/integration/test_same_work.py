@@ -54,7 +54,7 @@ def test_a_request_under_a_json_schema_keeps_it_within_the_products_count(llm_se
     assert replayed[0].text.lstrip().startswith("{")
 
 
-def test_the_recorder_seeds_each_request_so_a_run_asks_and_decodes_what_another_run_did(llm_server: str):
+def test_the_recorder_seeds_each_request_so_the_same_request_gets_the_same_reply(llm_server: str):
     """Sampled at temperature 1, the same request through the pass-through gets the same reply each
     time (its seed comes from its content); a request that names a seed keeps it."""
     recorder = Recorder(llm_server)
