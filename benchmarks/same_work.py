@@ -3,11 +3,10 @@ there, then replayed straight at the same engine with nothing of the product in 
 
 `Recorder` is an HTTP pass-through in front of the engine (the product's FLEET_LLM_BASE_URL points
 at it): it forwards every request, with a sampling seed of its own content added (`seeded`), and
-keeps,
-for each chat completion, its body (messages, sampling, `max_tokens`, llama.cpp's `id_slot`), when
-it was sent, its first token and its end, and the reply's text and token counts. Which earlier
-turns a request reads is found from the text: a request reads every earlier reply that its
-messages quote.
+keeps, for each chat completion, its body (messages, sampling, `max_tokens`, llama.cpp's
+`id_slot`), when it was sent, its first token and its end, and the reply's text and token counts.
+Which earlier turns a request reads is found from the text: a request reads every earlier reply
+that its messages quote.
 
 `replay` sends the recorded bodies again with a minimal driver: each request the moment every
 request it reads has finished, at most `slots` at once (the engine's slot count), earliest

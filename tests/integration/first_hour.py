@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import secrets
 import signal
 import socket
@@ -124,7 +123,6 @@ def launchpad_run(project: Path) -> dict:
     from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
     from fleet_pipelines.assets.deliberation import deliberation_partitions, deliberation_run_config
-    from fleet_pipelines.history.status import finished_turns
 
     record = read_stack(project / ".fleet")
     with dg.DagsterInstance.from_config(record.env["DAGSTER_HOME"]) as instance:
@@ -152,8 +150,8 @@ def launchpad_run(project: Path) -> dict:
                 status = client.get_run_status(run_id)
             except DagsterGraphQLClientError:
                 status = None
-        previews = [
-            event.dagster_event.step_materialization_data.materialization.metadata["preview"].value
+        proposals = [  # the proposals asset's materialization metadata (its UI preview)
+            event.dagster_event.step_materialization_data.materialization.metadata
             for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
             if event.dagster_event.step_materialization_data.materialization.asset_key
             == dg.AssetKey("proposals")
@@ -162,12 +160,11 @@ def launchpad_run(project: Path) -> dict:
             "status": status.value if status else None,
             "engine_tag": instance.get_run_by_id(run_id).tags.get("fleet/engine"),
             "engine": urlparse(record.env["FLEET_LLM_BASE_URL"]).netloc,
-            "proposals_preview": previews[0] if previews else "",
-            "proposal_tokens": [  # from the run's turn lines: the cap in its run config held
-                int(match[1])
-                for line in finished_turns(instance, run_id, None)[0]
-                if (match := re.search(r" propose r0: \w+, (\d+) tokens", line))
-            ],
+            "proposals_preview": proposals[0]["preview"].value if proposals else "",
+            # each proposal's completion tokens: the cap in the run config held
+            "proposal_tokens": [int(row.data["tokens_out"]) for row in proposals[0]["turns"].value.records]
+            if proposals
+            else [],
         }
 
 
