@@ -9,7 +9,7 @@ file of the same model reads and writes faster on these CPUs. The Q4_0 file is t
 rounded once more (dequantized, then quantized with `gguf`'s own Q4_0 quantizer; every other
 tensor and key copied), so it is another model as far as replies go. Each trial starts a server
 of `make dev`'s kind (one thread, 3 slots) on each file in turn, the order alternating, and
-measures: a fresh prompt of ~700 tokens (llama.cpp's own prompt tokens/s), one reply of 128
+measures: a fresh prompt of ~870 tokens (llama.cpp's own prompt tokens/s), one reply of 128
 tokens (its decode tokens/s), three replies of 128 tokens at once (their tokens over the wall
 time). Then greedy replies (temperature 0, 64 tokens) to a few tasks on both: the share of
 tokens up to the first difference. Asserts nothing.
