@@ -12,7 +12,7 @@ of `make dev`'s kind (one thread, 3 slots) on each file in turn, the order alter
 measures: a fresh prompt of ~870 tokens (llama.cpp's own prompt tokens/s), one reply of 128
 tokens (its decode tokens/s), three replies of 128 tokens at once (their tokens over the wall
 time). Then greedy replies (temperature 0, 64 tokens) to a few tasks on both: the share of
-tokens up to the first difference. Asserts nothing.
+each pair's text up to where the two first differ. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -79,12 +78,10 @@ def chat(client: httpx.Client, content: str, max_tokens: int, **extra) -> dict:
 
 
 def measure(model: Path, logs: Path, trial: int) -> dict:
+    """One trial on `model`, on a server of its own."""
     port = stack.free_port()
-    argv = [sys.executable, "-m", "fleet_pipelines.cli", "model", "serve", "--port", str(port)]
-    argv += ["--parallel", "3", "--model-path", str(model)]
-    server = stack.launch(f"engine-{model.stem}-{trial}", argv, logs)
+    server = stack.start_model_server(logs, port, parallel=3, model_path=model)
     try:
-        server.wait_ready(lambda: stack.http_ok(f"http://127.0.0.1:{port}/health"), 120)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
             # A prompt no slot holds yet: the trial and the file lead it.
             prompt = f"{trial} {model.stem}. " + FILLER * 45 + "Summarise the above in one word."

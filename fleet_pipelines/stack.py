@@ -180,7 +180,9 @@ def start_model_server(
     timeout_s: float = 120,
     env: dict[str, str] | None = None,
     into: list[Service] | None = None,
+    model_path: Path | None = None,
 ) -> Service:
+    """`fleet model serve` on `port`: the bundled model, or the GGUF file at `model_path`."""
     service = launch(
         "model-server",
         [
@@ -193,6 +195,7 @@ def start_model_server(
             str(port),
             "--parallel",
             str(parallel),
+            *(["--model-path", str(model_path)] if model_path else []),
         ],
         log_dir,
         env,
