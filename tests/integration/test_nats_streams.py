@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from fleet_pipelines import stack
 from fleet_pipelines.events.models import EventEnvelope
 from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM, STREAMS, NatsError, StreamAction
 from fleet_pipelines.resources.events import NatsResource
@@ -46,12 +48,41 @@ def test_a_repeated_idempotency_key_is_dropped_by_jetstream(nats_resource):
     retry = first.model_copy(update={"payload": {"n": 2}})
     other = first.model_copy(update={"idempotency_key": "other"})
     acks = nats_resource.publish([(PLAN_APPROVED, first), (PLAN_APPROVED, retry), (PLAN_APPROVED, other)])
-    # The retry is acknowledged as the first's message, a duplicate; the other key is stored after
-    # it. Sequence numbers are compared, not fixed: the stream is the worker's session server's
-    # planning stream, and a full run once found 4 messages stored in it before these.
-    (seq, duplicate), (retry_seq, retry_duplicate), (other_seq, other_duplicate) = acks
-    assert (duplicate, retry_seq, retry_duplicate, other_duplicate) == (False, seq, True, False)
-    assert other_seq > seq
+    # The retry is acknowledged as the first's message, a duplicate; the other key is stored next.
+    assert acks == [(1, False), (1, True), (2, False)]
+
+
+def test_a_stream_deleted_again_before_its_files_are_removed_comes_back_with_its_messages(tmp_path: Path):
+    """Why `nats_resource` starts a server per test, not a clean slate on a shared one (nats-server's
+    behaviour, pinned so that a release that changes it is noticed): deleting a stream renames its
+    folder to a dot-name that a goroutine then removes; deleted again while that runs, the rename
+    fails, the error is ignored (server/stream.go) and the stream created next under that name
+    recovers the deleted messages. The unremoved folder is made here; a slow disk made it in CI."""
+    port = stack.free_port()
+    server = stack.start_nats(tmp_path / "logs", port, tmp_path / "store")
+    try:
+        nats = NatsResource(url=f"nats://127.0.0.1:{port}")
+        envelope = EventEnvelope(
+            event_type=PLAN_APPROVED, idempotency_key="k", correlation_id="c", payload={}
+        )
+        nats.publish([(PLAN_APPROVED, envelope)])
+        [streams] = (tmp_path / "store").glob("jetstream/*/streams")
+        removing = streams / f".{PLANNING_STREAM}"  # an earlier delete's folder, not yet removed
+        removing.mkdir()
+        (removing / "leftover").write_bytes(b"")
+
+        async def delete(session) -> None:
+            await session.js.delete_stream(PLANNING_STREAM)
+
+        nats.session(delete, ensure_streams=False)
+
+        async def state(session) -> tuple[int, int]:
+            info = await session.js.stream_info(PLANNING_STREAM)
+            return info.state.messages, info.state.last_seq
+
+        assert nats.session(state) == (1, 1)  # created anew by ensure_streams, with the message
+    finally:
+        server.stop()
 
 
 def test_unreachable_server_raises_promptly():
@@ -81,8 +112,8 @@ def fleet_nats_init(nats_url: str, *flags: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_fleet_nats_init_is_idempotent_and_dry_run_changes_nothing(nats_resource, nats_server):
-    dry = fleet_nats_init(nats_server, "--dry-run")
+def test_fleet_nats_init_is_idempotent_and_dry_run_changes_nothing(nats_resource):
+    dry = fleet_nats_init(nats_resource.url, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.count(": create") == len(STREAMS) and "dry run: nothing was changed" in dry.stdout
 
@@ -90,8 +121,8 @@ def test_fleet_nats_init_is_idempotent_and_dry_run_changes_nothing(nats_resource
         return [info.config.name for info in await session.js.streams_info()]
 
     assert nats_resource.session(stream_names, ensure_streams=False) == []
-    first = fleet_nats_init(nats_server)
-    second = fleet_nats_init(nats_server)
+    first = fleet_nats_init(nats_resource.url)
+    second = fleet_nats_init(nats_resource.url)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert first.stdout.count(": create") == len(STREAMS)
     assert second.stdout.count(": unchanged") == len(STREAMS)

@@ -31,13 +31,11 @@ def fleet(env: dict, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_deliberate_sensor_run_event_and_result(
-    stack_env, nats_resource, nats_server, ray_head, tmp_path: Path
-):
+def test_deliberate_sensor_run_event_and_result(stack_env, nats_resource, ray_head, tmp_path: Path):
     home = tmp_path / "home"
     home.mkdir()
     shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "NATS_URL": nats_server, "RAY_ADDRESS": ray_head}
+    env = {**os.environ, "DAGSTER_HOME": str(home), "NATS_URL": nats_resource.url, "RAY_ADDRESS": ray_head}
 
     missing = fleet(env, "result", "no-such-task", "--json")
     assert missing.returncode == 3, missing.stderr[-2000:]

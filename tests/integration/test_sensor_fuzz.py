@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet_pipelines import stack
 from fleet_pipelines.events.bus import connect
 from fleet_pipelines.events.planning import MAX_MESSAGE_BYTES
 from fleet_pipelines.events.streams import PLAN_APPROVED
@@ -58,21 +59,20 @@ msg_ids = st.one_of(
 
 
 @pytest.fixture(scope="module")
-def session(nats_server: str):
+def session(tmp_path_factory: pytest.TempPathFactory):
+    """A connection to a nats-server of this module's own, its streams created."""
     from fleet_pipelines.resources.events import NatsResource
 
+    where = tmp_path_factory.mktemp("fuzz-nats")
+    port = stack.free_port()
+    server = stack.start_nats(where / "logs", port, where / "store")
     loop = asyncio.new_event_loop()
-    opened = loop.run_until_complete(connect(NatsResource(url=nats_server).options()))
-
-    async def fresh_streams() -> None:
-        for info in await opened.js.streams_info():
-            await opened.js.delete_stream(info.config.name)
-        await opened.ensure_streams()
-
-    loop.run_until_complete(fresh_streams())
+    opened = loop.run_until_complete(connect(NatsResource(url=f"nats://127.0.0.1:{port}").options()))
+    loop.run_until_complete(opened.ensure_streams())
     yield loop, opened
     loop.run_until_complete(opened.close())
     loop.close()
+    server.stop()
 
 
 @pytest.mark.heavy(30)

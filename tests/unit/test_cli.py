@@ -24,8 +24,7 @@ def published_plans(nats: NatsResource) -> list:
 
 
 def test_deliberate_carries_tests_and_examples_into_the_task(tmp_path: Path, nats_resource: NatsResource):
-    """On the session's nats-server with its streams deleted first (`nats_resource`): other tests
-    of the session publish to the planning stream too, malformed plans included."""
+    """On a nats-server of the test's own (`nats_resource`)."""
     tests = tmp_path / "test_add.py"
     tests.write_text("def test_add():\n    assert add(2, 3) == 5\n")
     args = [
@@ -41,7 +40,8 @@ def test_deliberate_carries_tests_and_examples_into_the_task(tmp_path: Path, nat
     args += ["--example", "add(2, 2) => 4", "--example", "add('a', 'b') => 'ab'"]
     done = CliRunner().invoke(fleet, args, env={"NATS_URL": nats_resource.url})
     assert done.exit_code == 0, done.output
-    [planned] = [p for p in published_plans(nats_resource) if p.task_id == "cli-tests-1"]
+    [planned] = published_plans(nats_resource)
+    assert planned.task_id == "cli-tests-1"
     assert planned.role == "QA"
     assert planned.task_config["tests"] == tests.read_text()
     assert planned.task_config["examples"] == [
