@@ -138,11 +138,9 @@ def nats_resource(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     """The events resource on a nats-server of the test's own (~20 ms to start, an empty JetStream
     store); NATS_URL points at it for the test, so its `fleet` subprocesses and runs use it too.
 
-    Not the session's server with its streams deleted: nats-server (2.15.1) removes a deleted
-    stream's files in the background, and where the same stream is deleted again before that
-    ends, it leaves the files (server/stream.go ignores the error of `store.Delete`), so the
-    stream created next holds the deleted messages (tests/integration/test_nats_streams.py shows
-    it). A test's plans turned up in the next test's stream that way, in two CI runs."""
+    Not the session's server with its streams deleted: a stream deleted twice in quick succession
+    comes back with the deleted messages (test_nats_streams.py pins why), which put a test's
+    plans in the next test's stream in two CI runs."""
     from fleet_pipelines.resources.events import NatsResource
 
     where = tmp_path_factory.mktemp("nats")
