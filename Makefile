@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | md5sum |
 VLLM_VENV ?= .venv-vllm
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm model dev test test-unit test-vllm lint format bench clean
+.PHONY: install install-vllm model prometheus dev test test-unit test-vllm lint format bench clean
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 needed"'
@@ -32,6 +32,12 @@ install: $(STAMP)
 model: install
 	$(VENV)/bin/fleet model fetch
 
+# Prometheus and promtool from Debian's `prometheus` package (as root, as CI runs): the metrics
+# tests and `fleet metrics prometheus` run them; --no-install-recommends leaves out node-exporter.
+prometheus:
+	@command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
 # Other ports, e.g. make dev DEV_ARGS="--port 3001 --nats-port 4333" (see `fleet dev --help`).
 DEV_ARGS ?=
 dev: model
@@ -45,12 +51,14 @@ PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q
 # conftest.py): most of an integration test is waiting on a server or a subprocess, so two share
 # a 2-core machine, and the unit tests come last, where they fill the time one worker would wait
 # for the other's last long test.
-test: model
+test: model prometheus
 	$(PYTEST) -n 2 --dist load --maxschedchunk 1 --durations=15 tests/integration tests/unit $(PYTEST_ARGS)
 
 # The unit tier on every core (at most 4 workers: each collects the whole tier), no server: a
 # unit test that asks for the real nats-server is marked `nats` (tests/conftest.py) and left out.
-test-unit: install
+# It starts no process of ours either: a test that runs a `fleet` command, `dg` or a fresh
+# interpreter (each imports Dagster and Ray again) is in tests/integration (docs/design.md).
+test-unit: install prometheus
 	$(PYTEST) -n auto --maxprocesses=4 -m "not nats" tests/unit $(PYTEST_ARGS)
 
 lint: install

@@ -1,6 +1,7 @@
 """K deliberations at once through the product, against the same engine requests replayed alone.
 
     .venv/bin/python benchmarks/load.py --concurrent K --agents N --rounds R [--max-tokens T] [--json]
+        [--calls FILE]
 
 Starts a llama.cpp engine of `make dev`'s kind (or uses the one at FLEET_LLM_BASE_URL), a recording
 pass-through in front of it (benchmarks/same_work.py), and `fleet dev` (what `make dev` runs) on
@@ -19,6 +20,7 @@ free ports with the pass-through as its engine. Then:
    digests did the same work; the recorder seeds each request), "slot_occupancy",
    "by_kind" (per kind, time to first token and tokens per second of service, product and
    replay), "breakdown" (where the product's wall went with no request in the engine),
+   "deliberation_wall_s" (median of the runs' start to end),
    "dagster_per_run" (medians: run start to its first engine request, the same less that
    request's wait in the admission queue, last request to run end), "wall_s", ...}.
 
@@ -220,6 +222,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=None, help="cap every turn (default: the budgets)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line on stdout")
+    parser.add_argument(
+        "--calls",
+        type=Path,
+        help="write the product's engine requests there, one JSON line each (body, reply), in the "
+        "order they were sent: where two runs' work_digest differ, which requests did",
+    )
     args = parser.parse_args()
     # Killed (Ctrl-C, `timeout`'s SIGTERM, a closed terminal), it stops every server it started on
     # the way out: its engines here, `fleet dev` (which stops its own stack) in `stack.fleet_dev`.
@@ -254,6 +262,10 @@ def main() -> None:
                 port = stack.free_port()
                 stack.start_model_server(root / "engine-logs-replay", port, parallel=3, into=engines)
                 engine_url = f"http://127.0.0.1:{port}/v1"
+            if args.calls:
+                args.calls.write_text(
+                    "".join(json.dumps({"body": c.body, "text": c.text}) + "\n" for c in calls)
+                )
             log(f"replaying {len(calls)} engine requests at {slots} at once …")
             replayed, replay_wall = replay(engine_url, calls, slots)
     finally:
@@ -292,6 +304,10 @@ def main() -> None:
         "breakdown_idle_engine_s": idle,
         "dagster_per_run": per_run,
         "wall_s": round(product["wall_s"], 1),
+        # a deliberation's wall: its run's start to its end (median over the K runs)
+        "deliberation_wall_s": round(
+            statistics.median(end - start for _, start, end, _ in product["runs"]), 1
+        ),
         "replay_wall_s": round(replay_wall, 1),
         "load_average": round(os.getloadavg()[0], 1),
     }

@@ -41,20 +41,22 @@ CASES = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 
 
 def load_previous(where: Path):
-    """The earlier runs.py and sandbox_job.py as the package fleet_pipelines.previous_workspace."""
+    """The earlier runs.py, sandbox_job.py and boundary.py (where that commit has one) as the
+    package fleet_pipelines.previous_workspace."""
     repo = Path(__file__).resolve().parents[1]
     package = where / "previous_workspace"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    for name in ("runs.py", "sandbox_job.py"):
+    for name in ("runs.py", "sandbox_job.py", "boundary.py"):
         shown = subprocess.run(
             ["git", "show", f"{PREVIOUS}:fleet_pipelines/workspace/{name}"],
             cwd=repo,
             capture_output=True,
             text=True,
-            check=True,
+            check=name != "boundary.py",
         )
-        (package / name).write_text(shown.stdout)
+        if shown.returncode == 0:
+            (package / name).write_text(shown.stdout)
     fleet_pipelines.__path__.append(str(where))
     return importlib.import_module("fleet_pipelines.previous_workspace.runs")
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from fleet_pipelines import stack
-from fleet_pipelines.dispatch.admission import EngineQueue
+from fleet_pipelines.dispatch.admission import EngineQueue, Submission
 from fleet_pipelines.domain import prompts
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import critique_requests, proposal_requests, revision_requests
@@ -56,12 +56,12 @@ def before_layout(request: TurnRequest, task: Task, council, current: dict[str, 
 
 
 async def run_phase(queue: EngineQueue, requests: list[TurnRequest], pin: bool) -> list[TurnResult]:
-    queue.pin_slots = pin
+    queue.scheduler.pin_slots = pin
     ids = [
         f"{r.task_id}/{r.kind.value}/{r.agent_id}/{r.target_agent_id}/{time.monotonic_ns()}" for r in requests
     ]
     deadline = time.time() + 600  # one deadline for the phase, as a run gives its turns
-    await queue.submit([(i, r, deadline) for i, r in zip(ids, requests, strict=True)])
+    await queue.submit([Submission(i, r, deadline) for i, r in zip(ids, requests, strict=True)])
     await asyncio.gather(*(queue._turns[i].task for i in ids))  # each turn's run to its result
     return [queue._turns[i].result for i in ids]
 

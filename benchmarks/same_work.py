@@ -104,11 +104,14 @@ async def _read_stream(response: aiohttp.ClientResponse, call: Call, forward=Non
 
 
 def seeded(body: dict) -> dict:
-    """The request with a sampling seed of its own content, unless it names one. llama.cpp seeds
-    sampling per request and a decoding slot's logits do not depend on the other slots, so a
-    fresh prompt gets the same reply in every run. A prompt that extends a slot's cached prefix
-    (a revision in its proposal's slot) may be computed in other chunks than in another run, and
-    its reply can then differ: `load.py`'s `work_digest` says whether two runs did the same work."""
+    """The request with a sampling seed of its own content, unless it names one: llama.cpp seeds
+    sampling per request, so the same prompt samples the same way in every run. Its logits may
+    still differ by rounding: a prompt that extends a slot's cached prefix (a revision in its
+    proposal's slot), or one prefilled beside other slots' requests, is computed in other chunks
+    than in another run, and a near-tie (most often in a greedy judge) can flip its reply. At K=4,
+    2 agents, 0 rounds, 1 to 5 of 16 replies differed between runs (docs/benchmarks.md, issue 43):
+    `load.py`'s `work_digest` says whether two runs did the same work, `--calls` which replies did
+    not."""
     if "seed" in body:
         return body
     content = json.dumps(body.get("messages", []), sort_keys=True).encode()

@@ -6,8 +6,11 @@
 
 `resolve` asks `crane digest REF`, else `docker buildx imagetools inspect REF`, for the digest of
 the multi-platform index (what a node's runtime resolves the tag to); build and push our own
-image first. `apply` rewrites `image:` fields, `DAGSTER_CURRENT_IMAGE`, and the chart values'
-`repository` + `tag` pairs (a tag `T@sha256:...` renders as `repository:T@sha256:...`).
+image first. `apply` rewrites `image:` fields, `DAGSTER_CURRENT_IMAGE`, deploy/Dockerfile's
+`BASE_IMAGE`, every other mention of an image (the admission policy's run image) and the chart
+values' `repository` + `tag` pairs (a tag `T@sha256:...` renders as `repository:T@sha256:...`);
+not our own images in deploy/kind (`kind: tag` in images.yaml), which `kind load` gives the
+nodes without a registry digest.
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ def entries() -> list[dict[str, str]]:
 
 
 def files() -> list[Path]:
-    return sorted(p for p in DEPLOY.rglob("*.yaml") if p != LOCK)
+    return sorted([DEPLOY / "Dockerfile", *(p for p in DEPLOY.rglob("*.yaml") if p != LOCK)])
 
 
 def references(text: str) -> list[str]:
     """Every image reference of a deploy/ file: `image: REF`, DAGSTER_CURRENT_IMAGE's value, and
     `repository: R` followed by `tag: T` (chart values)."""
     found = re.findall(r"^\s*(?:- )?image:\s*\"?([^\s\"{}]+)\"?\s*$", text, flags=re.MULTILINE)
+    found += re.findall(r"^ARG BASE_IMAGE=(\S+)$", text, flags=re.MULTILINE)  # the Dockerfile's base
     found += re.findall(r"DAGSTER_CURRENT_IMAGE\s*\n\s*value:\s*\"?([^\s\"]+)\"?", text)
     for repository, tag in re.findall(r"repository:\s*\"?([^\s\"]+)\"?\s*\n\s*tag:\s*\"?([^\s\"]+)\"?", text):
         found.append(f"{repository}:{tag}")
@@ -75,10 +79,13 @@ def resolve() -> None:
 
 
 def apply() -> None:
-    pinned = {i["ref"]: i["digest"] for i in entries() if i["digest"]}
+    images = [i for i in entries() if i["digest"]]
     for path in files():
         text = path.read_text()
-        for ref, digest in pinned.items():
+        for image in images:
+            ref, digest = image["ref"], image["digest"]
+            if image.get("kind") == "tag" and (DEPLOY / "kind") in path.parents:
+                continue  # `kind load` images carry no registry digest
             name, tag = ref.rsplit(":", 1)
             # name:tag not yet followed by a digest -> name:tag@digest
             text = re.sub(rf"(?<![\w./-]){re.escape(ref)}(?![\w.@-])", f"{ref}@{digest}", text)

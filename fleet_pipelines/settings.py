@@ -8,22 +8,19 @@ Light on purpose (pydantic only at import): the CLI reads it before deciding wha
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 
-from .domain.councils import CouncilSettings, engine_id
-from .domain.tools import ToolProtocol
+from .domain.councils import CouncilSettings
 from .events.options import ConnectOptions, StreamOptions
 from .history.options import RetentionOptions
-from .llm.local_server import MODEL_NAME
-from .llm.settings import EngineSettings, VLLMActorSettings
+from .llm.kinds import DEFAULT_KIND, KINDS, backends
 from .stack_file import with_stack
 
-DEFAULT_LLM_URL = "http://127.0.0.1:8080/v1"
 DEFAULT_TIMEOUT_SECONDS = 300.0
 # The old system's variables that nothing here reads: refused at start-up, saying what replaces them.
 REPLACED_VARIABLES = {
@@ -42,7 +39,27 @@ NATS_SECRETS = (
     ("tls_cert_file", "NATS_TLS_CERT"),
     ("tls_key_file", "NATS_TLS_KEY"),
 )
-LLM_API_KEY = "FLEET_LLM_API_KEY"
+ENGINE_SECRETS = tuple(var for kind in KINDS.values() for var in kind.secrets.values())
+# Secrets a deployment may mount as files (a Kubernetes Secret volume) instead of variables:
+# NAME_FILE names the file NAME is read from where NAME itself is unset (deploy/README.md, "Secrets").
+SECRET_FILE_VARIABLES = (
+    *ENGINE_SECRETS,
+    "NATS_USER",
+    "NATS_PASSWORD",
+    "FLEET_GIT_TOKEN",
+    "FLEET_PUSH_REMOTE",
+)
+EngineBackend = backends()
+
+
+def read_secret_files(environ: MutableMapping[str, str]) -> None:
+    """Sets each variable of SECRET_FILE_VARIABLES that is unset from the file its NAME_FILE names
+    (a trailing newline dropped), in `environ` (the process's own: every reader, dg.EnvVar
+    included, then sees it as a variable)."""
+    for name in SECRET_FILE_VARIABLES:
+        path = environ.get(f"{name}_FILE")
+        if path and not environ.get(name):
+            environ[name] = Path(path).read_text().removesuffix("\n")
 
 
 def _env(*names: str) -> AliasChoices:
@@ -55,49 +72,49 @@ def _supplies(model: type[BaseModel], field: str, *env: str, **overrides: Any) -
     return FieldInfo.merge_field_infos(model.model_fields[field], validation_alias=_env(*env), **overrides)
 
 
-class FleetSettings(BaseModel):
+def engine_variables() -> dict[str, Any]:
+    """A setting per variable of the registered engine kinds (`llm.kinds`), named by
+    `Variable.setting`, supplying its kind's field; unset, its default (None: the kind's own)."""
+    fields: dict[str, Any] = {}
+    for kind in KINDS.values():
+        for field, variable in kind.variables.items():
+            if variable.setting not in fields:  # read by an earlier kind: one setting
+                annotation = kind.settings.model_fields[field].annotation
+                fields[variable.setting] = (
+                    annotation if variable.default is not None else annotation | None,
+                    _supplies(kind.settings, field, *variable.names, default=variable.default),
+                )
+    return fields
+
+
+EngineVariables = create_model(
+    "EngineVariables",
+    __doc__="The variables of every registered engine kind, each a setting (`engine_variables`).",
+    **engine_variables(),
+)
+
+
+class FleetSettings(EngineVariables):
     """Everything configurable from the environment, as values. `FleetSettings.from_env()` reads
     it once; `wiring.resources(settings)` builds every resource of the code location from it."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
-    # The engine: each value supplies a field of the engine's settings (its description and bounds)
-    llm_base_url: str = _supplies(
-        EngineSettings, "base_url", "FLEET_LLM_BASE_URL", "VLLM_URL", default=DEFAULT_LLM_URL
+    # The engine: its kind; each kind's variables are the fields of EngineVariables
+    engine_backend: EngineBackend = Field(
+        default=DEFAULT_KIND,
+        validation_alias=_env("FLEET_ENGINE_BACKEND"),
+        description="The kind of engine agent turns go to: "
+        + "; ".join(f"{name}: {kind.description}" for name, kind in KINDS.items()),
     )
-    llm_model: str = _supplies(EngineSettings, "model", "FLEET_LLM_MODEL", "VLLM_MODEL", default=MODEL_NAME)
-    llm_api_key_set: bool = Field(default=False, description=f"{LLM_API_KEY} is set (read via dg.EnvVar).")
+    engine_secrets_set: tuple[str, ...] = Field(
+        default=(), description="The engine kinds' secret variables that are set (read via dg.EnvVar)."
+    )
     max_tokens: int | None = _supplies(CouncilSettings, "max_tokens", "FLEET_MAX_TOKENS")
-    engine_slots: int | None = _supplies(EngineSettings, "slots", "FLEET_ENGINE_SLOTS")
-    tool_protocol: ToolProtocol = _supplies(EngineSettings, "tool_protocol", "FLEET_TOOL_PROTOCOL")
-    engine_backend: Literal["openai", "vllm_actor"] = Field(
-        default="openai", validation_alias=_env("FLEET_ENGINE_BACKEND")
-    )
     model_source: str | None = Field(
         default=None,
         validation_alias=_env("FLEET_MODEL_SOURCE"),
         description="Object-store URL of the served model folder (`fleet model pull`).",
-    )
-    # The vLLM engine actor (unset: the actor's own defaults)
-    vllm_model: str | None = _supplies(VLLMActorSettings, "model", "FLEET_VLLM_MODEL", default=None)
-    vllm_num_gpus: float | None = _supplies(
-        VLLMActorSettings, "num_gpus", "FLEET_VLLM_NUM_GPUS", default=None
-    )
-    vllm_num_cpus: float | None = _supplies(
-        VLLMActorSettings, "num_cpus", "FLEET_VLLM_NUM_CPUS", default=None
-    )
-    vllm_dtype: str | None = _supplies(VLLMActorSettings, "dtype", "FLEET_VLLM_DTYPE", default=None)
-    vllm_enforce_eager: bool | None = _supplies(
-        VLLMActorSettings, "enforce_eager", "FLEET_VLLM_ENFORCE_EAGER", default=None
-    )
-    vllm_cpu_kvcache_gib: int | None = _supplies(
-        VLLMActorSettings, "cpu_kvcache_space_gib", "FLEET_VLLM_CPU_KVCACHE_GIB", default=None
-    )
-    vllm_cache_root: str | None = _supplies(
-        VLLMActorSettings, "cache_root", "FLEET_VLLM_CACHE_ROOT", default=None
-    )
-    vllm_max_num_seqs: int | None = _supplies(
-        VLLMActorSettings, "max_num_seqs", "FLEET_VLLM_MAX_NUM_SEQS", default=None
     )
     councils_file: str | None = Field(
         default=None,
@@ -189,7 +206,10 @@ class FleetSettings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None) -> FleetSettings:
         """The settings from the environment, over what the running local stack recorded
         (`stack_file`); empty variables count as unset. A variable of the old system that nothing
-        here reads is refused (ValueError) with what replaces it."""
+        here reads is refused (ValueError) with what replaces it. The process's own environment
+        first takes the secrets mounted as files (`read_secret_files`)."""
+        if environ is None:
+            read_secret_files(os.environ)
         environ = os.environ if environ is None else environ
         present = {k: v for k, v in environ.items() if v}
         if replaced := [f"{name}: {why}" for name, why in REPLACED_VARIABLES.items() if name in present]:
@@ -198,7 +218,7 @@ class FleetSettings(BaseModel):
         return cls.model_validate(
             {
                 **present,
-                "llm_api_key_set": LLM_API_KEY in present,
+                "engine_secrets_set": tuple(var for var in ENGINE_SECRETS if var in present),
                 "nats_secrets_set": tuple(field for field, var in NATS_SECRETS if var in present),
             }
         )
@@ -223,12 +243,26 @@ class FleetSettings(BaseModel):
     def dagster_home_path(self) -> Path:
         return (self.dagster_home or self.state_path / "dagster_home").resolve()
 
+    def engine_values(self, name: str) -> dict[str, Any] | None:
+        """The values of engine kind `name`'s settings that its variables set (unset ones left to
+        the settings' defaults); None when one its settings require is unset."""
+        kind = KINDS[name]
+        values = {field: getattr(self, v.setting) for field, v in kind.variables.items()}
+        values = {field: value for field, value in values.items() if value is not None}
+        required = {field for field, info in kind.settings.model_fields.items() if info.is_required()}
+        return values if required <= values.keys() else None
+
     def engine_id(self) -> str:
         """Which engine the deliberations use, as a run tag value (`fleet/engine`, the run queue
-        limits runs per engine): the vLLM model of the engine actor, or the server's host:port."""
-        if self.engine_backend == "vllm_actor":
-            return f"vllm-actor:{Path(self.vllm_model or 'none').name}"
-        return engine_id(self.llm_base_url)
+        limits runs per engine): its kind's (`EngineKind.engine_id`; the server's host:port, the
+        vLLM model of the engine actor), `<backend>:unconfigured` when its settings are incomplete
+        (its runs fail on their first turn)."""
+        kind, values = KINDS[self.engine_backend], self.engine_values(self.engine_backend)
+        return (
+            f"{self.engine_backend}:unconfigured"
+            if values is None
+            else kind.engine_id(kind.settings(**values))
+        )
 
     def nats_options(self) -> ConnectOptions:
         """How to reach NATS, its secrets read from the environment now: for commands that talk

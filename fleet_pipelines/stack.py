@@ -185,8 +185,10 @@ def start_model_server(
     env: dict[str, str] | None = None,
     into: list[Service] | None = None,
     model_path: Path | None = None,
+    ctx_per_slot: int | None = None,
 ) -> Service:
-    """`fleet model serve` on `port`: the bundled model, or the GGUF file at `model_path`."""
+    """`fleet model serve` on `port`: the bundled model, or the GGUF file at `model_path`; each of
+    the `parallel` slots holds `ctx_per_slot` tokens (None: the command's default)."""
     service = launch(
         "model-server",
         [
@@ -200,6 +202,7 @@ def start_model_server(
             "--parallel",
             str(parallel),
             *(["--model-path", str(model_path)] if model_path else []),
+            *(["--ctx-per-slot", str(ctx_per_slot)] if ctx_per_slot else []),
         ],
         log_dir,
         env,
@@ -243,9 +246,11 @@ def start_ray_head(
     client_port: int | None = None,
     env: dict[str, str] | None = None,
     into: list[Service] | None = None,
+    metrics_port: int | None = None,
 ) -> Service:
     """`ray start --head` requiring `token` (`ray_auth_token`) of every client; with
-    `client_port` its Ray Client server listens there (`ray://`)."""
+    `client_port` its Ray Client server listens there (`ray://`); with `metrics_port` its metrics
+    agent serves what the cluster's actors record (the admission queues') there, on /metrics."""
     ray = str(Path(sys.executable).with_name("ray"))
     service = launch(
         "ray-head",
@@ -258,6 +263,7 @@ def start_ray_head(
             "--include-dashboard=false",
             "--disable-usage-stats",
             *([f"--ray-client-server-port={client_port}"] if client_port else []),
+            *([f"--metrics-export-port={metrics_port}"] if metrics_port else []),
             "--block",
         ],
         log_dir,
@@ -330,6 +336,35 @@ def start_nats(
     return service
 
 
+def start_metrics_exporter(
+    log_dir: Path,
+    port: int,
+    timeout_s: float = 120,
+    env: dict[str, str] | None = None,
+    into: list[Service] | None = None,
+) -> Service:
+    """`fleet metrics serve` on `port`: deliberations, planning events, the outbox and the
+    planning sensor from NATS and the Dagster instance its environment names."""
+    service = launch(
+        "metrics-exporter",
+        [sys.executable, "-m", "fleet_pipelines.cli", "metrics", "serve", "--port", str(port)],
+        log_dir,
+        env,
+        into,
+    )
+    service.wait_ready(lambda: http_ok(f"http://127.0.0.1:{port}/metrics"), timeout_s)
+    return service
+
+
+def metrics_targets(ports: DevPorts, engine_base_url: str) -> dict[str, str]:
+    """Where the local stack serves metrics: the exporter, Ray's metrics agent, the engine."""
+    return {
+        "fleet": f"http://127.0.0.1:{ports.metrics}/metrics",
+        "ray": f"http://127.0.0.1:{ports.ray_metrics}/metrics",
+        "engine": engine_base_url.rstrip("/").removesuffix("/v1") + "/metrics",
+    }
+
+
 @dataclass
 class DevStack:
     """A running `fleet dev` (what `make dev` runs) on free ports, in its own project folder."""
@@ -338,7 +373,8 @@ class DevStack:
     root: Path  # where it runs: its state is in root/.fleet, where every `fleet` command run there finds it
     env: dict[str, str]  # where its parts listen, as it recorded them: NATS_URL, FLEET_LLM_BASE_URL, …
     dagster_home: Path
-    ports: dict[str, int]  # ui, model, ray, nats
+    ports: dict[str, int]  # ui, model, ray, nats, metrics, ray_metrics
+    metrics: dict[str, str]  # where each part serves metrics (`metrics_targets`)
 
 
 STACK_ENV = (
@@ -359,10 +395,11 @@ def start_fleet_dev(
     engine_url: str | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
-    """`fleet dev` on `ports` (ui, model, ray, nats) in the folder `root` as a person would start
-    it in a checkout (state in root/.fleet, the model from this checkout's model folder), in its
-    own session, its output on a pipe (text). `max_tokens` caps every turn (None: the default
-    budgets); `engine_url` uses that engine instead of starting one; `env`: more variables."""
+    """`fleet dev` on `ports` (ui, model, ray, nats; metrics and ray_metrics if given) in the folder
+    `root` as a person would start it in a checkout (state in root/.fleet, the model from this
+    checkout's model folder), in its own session, its output on a pipe (text). `max_tokens` caps
+    every turn (None: the default budgets); `engine_url` uses that engine instead of starting one;
+    `env`: more variables."""
     from .llm.local_server import default_model_dir
 
     environ = {
@@ -376,6 +413,8 @@ def start_fleet_dev(
     argv = [sys.executable, "-m", "fleet_pipelines.cli", "dev", "--port", str(ports["ui"])]
     argv += ["--model-port", str(ports["model"]), "--ray-port", str(ports["ray"])]
     argv += ["--nats-port", str(ports["nats"])]
+    for name in ("metrics", "ray_metrics"):  # free ports unless given: never the defaults of `make dev`
+        argv += [f"--{name.replace('_', '-')}-port", str(ports.get(name) or free_port())]
     root.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         argv,
@@ -410,7 +449,7 @@ def fleet_dev(
     """Starts `fleet dev` in the folder `root` (`start_fleet_dev`) on free ports, yields once the
     UI answers, then stops it with Ctrl-C (SIGINT) and waits for it. For tests and benchmarks of
     the whole local stack."""
-    ports = {name: free_port() for name in ("ui", "model", "ray", "nats")}
+    ports = {name: free_port() for name in ("ui", "model", "ray", "nats", "metrics", "ray_metrics")}
     process = start_fleet_dev(root, ports, max_tokens, engine_url, env)
     try:
         read_until(process, "dagster UI:", timeout_s)
@@ -422,6 +461,7 @@ def fleet_dev(
             env=record.env,
             dagster_home=Path(record.env["DAGSTER_HOME"]),
             ports=ports,
+            metrics=record.metrics,
         )
     finally:
         os.killpg(process.pid, signal.SIGINT)
@@ -434,6 +474,8 @@ class DevPorts:
     model: int = 8080
     ray: int = 6380
     nats: int = 4223  # not 4222: a machine's own NATS often holds that one (use it through NATS_URL)
+    metrics: int = 9464  # the fleet's exporter (`fleet metrics serve`)
+    ray_metrics: int = 9465  # the Ray head's metrics agent (the admission queues' series)
 
 
 def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Path) -> int:
@@ -452,7 +494,12 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
         return 1
     external_nats = bool(os.environ.get("NATS_URL"))
     external_engine = bool(os.environ.get("FLEET_LLM_BASE_URL") or os.environ.get("VLLM_URL"))
-    wanted = {"--port": ports.ui, "--ray-port": ports.ray}
+    wanted = {
+        "--port": ports.ui,
+        "--ray-port": ports.ray,
+        "--metrics-port": ports.metrics,
+        "--ray-metrics-port": ports.ray_metrics,
+    }
     if not external_engine:
         wanted["--model-port"] = ports.model
     if not external_nats:
@@ -478,9 +525,12 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
         if not external_engine:
             start_model_server(log_dir, ports.model, into=services)
             os.environ["FLEET_LLM_BASE_URL"] = f"http://127.0.0.1:{ports.model}/v1"
-        say(f"model server: {os.environ.get('FLEET_LLM_BASE_URL') or os.environ['VLLM_URL']}")
+        from .llm.engine import served
+
+        engine_url = os.environ.get("FLEET_LLM_BASE_URL") or os.environ["VLLM_URL"]
+        say(f"model server: {engine_url} ({served(engine_url)})")
         ray_token = ray_auth_token(state_dir)
-        start_ray_head(log_dir, ports.ray, ray_token, into=services)
+        start_ray_head(log_dir, ports.ray, ray_token, into=services, metrics_port=ports.ray_metrics)
         os.environ["RAY_ADDRESS"] = f"127.0.0.1:{ports.ray}"
         os.environ.update(ray_auth_env(ray_token))  # Dagster, its daemon and the runs join with it
         say(f"ray head: {os.environ['RAY_ADDRESS']}")
@@ -496,8 +546,12 @@ def run_dev(ports: DevPorts, state_dir: Path, dagster_home: Path, repo_root: Pat
             "RAY_AUTH_TOKEN_PATH": str(ray_token),
             "DAGSTER_HOME": str(dagster_home),
         }
-        record = write_stack(state_dir, f"http://127.0.0.1:{ports.ui}", parts)
+        start_metrics_exporter(log_dir, ports.metrics, env={"DAGSTER_HOME": str(dagster_home)}, into=services)
+        metrics = metrics_targets(ports, parts["FLEET_LLM_BASE_URL"])
+        record = write_stack(state_dir, f"http://127.0.0.1:{ports.ui}", parts, metrics)
         say(f"stack: {record}")
+        say("metrics: " + ", ".join(f"{name} {url}" for name, url in metrics.items()))
+        say("  (`fleet top` shows them live; `fleet metrics prometheus` starts a Prometheus scraping them)")
         say(f"dagster UI: http://127.0.0.1:{ports.ui}  (Ctrl-C stops everything)")
         while True:
             for service in services:

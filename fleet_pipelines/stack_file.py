@@ -57,6 +57,7 @@ class StackRecord:
     started: str
     ui: str
     env: dict[str, str]
+    metrics: dict[str, str]  # where each part serves Prometheus metrics: fleet, ray, engine
 
     @property
     def running(self) -> bool:
@@ -67,8 +68,9 @@ def stack_path(state_dir: Path) -> Path:
     return state_dir.resolve() / STACK_FILE
 
 
-def write_stack(state_dir: Path, ui: str, env: dict[str, str]) -> Path:
-    """Records this process as the running stack (atomically: a reader sees all of it or nothing)."""
+def write_stack(state_dir: Path, ui: str, env: dict[str, str], metrics: dict[str, str] | None = None) -> Path:
+    """Records this process as the running stack (atomically: a reader sees all of it or nothing);
+    `metrics`: where its parts serve metrics, by name."""
     path = stack_path(state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     pid = os.getpid()
@@ -77,6 +79,7 @@ def write_stack(state_dir: Path, ui: str, env: dict[str, str]) -> Path:
         "started": _start_ticks(pid),
         "ui": ui,
         "env": {k: v for k, v in env.items() if k in STACK_VARIABLES},
+        "metrics": metrics or {},
     }
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(body, indent=2) + "\n")
@@ -102,6 +105,7 @@ def read_stack(state_dir: Path) -> StackRecord | None:
             started=str(body["started"]),
             ui=str(body.get("ui", "")),
             env={str(k): str(v) for k, v in body["env"].items() if k in STACK_VARIABLES and v},
+            metrics={str(k): str(v) for k, v in body.get("metrics", {}).items()},
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

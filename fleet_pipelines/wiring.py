@@ -4,9 +4,12 @@ is added (definitions.py takes them all; the CLI builds the one it needs). Fleet
 
 from __future__ import annotations
 
+import logging
+
 import dagster as dg
 
-from .resources.config import EngineConfig, OpenAIEngineConfig, VLLMActorConfig
+from .llm.kinds import KINDS
+from .resources.config import KIND_CONFIGS, EngineConfig
 from .resources.council import CouncilResource
 from .resources.events import NatsResource
 from .resources.history import HistoryResource
@@ -14,7 +17,7 @@ from .resources.io import DomainIOManager, ParquetIOManager
 from .resources.ray_cluster import RayCluster
 from .resources.repos import ReposResource
 from .resources.turns import RayTurnRunner
-from .settings import LLM_API_KEY, NATS_SECRETS, FleetSettings
+from .settings import NATS_SECRETS, FleetSettings
 
 
 def resources(settings: FleetSettings) -> dict[str, object]:
@@ -24,7 +27,13 @@ def resources(settings: FleetSettings) -> dict[str, object]:
     ray = RayCluster(
         address=settings.ray_address,
         auth_token_path=settings.ray_auth_token_path,
-        ray_init_options={"ignore_reinit_error": True, "log_to_driver": False},
+        # Ray's own INFO lines on joining ("Connecting to existing Ray cluster …") are not the
+        # user's business: `fleet run` printed two of them in the quick start. Warnings stay.
+        ray_init_options={
+            "ignore_reinit_error": True,
+            "log_to_driver": False,
+            "logging_level": logging.WARNING,
+        },
     )
     return {
         "ray_cluster": ray,
@@ -44,35 +53,19 @@ def resources(settings: FleetSettings) -> dict[str, object]:
 
 
 def engine(settings: FleetSettings) -> EngineConfig:
-    """The engine agent turns call; its API key read through dg.EnvVar, never a value."""
-    vllm = None
-    if settings.vllm_model:
-        given = {
-            "num_gpus": settings.vllm_num_gpus,
-            "num_cpus": settings.vllm_num_cpus,
-            "dtype": settings.vllm_dtype,
-            "enforce_eager": settings.vllm_enforce_eager,
-            "cpu_kvcache_space_gib": settings.vllm_cpu_kvcache_gib,
-            "cache_root": settings.vllm_cache_root,
-            "max_num_seqs": settings.vllm_max_num_seqs,
-            "tool_protocol": settings.tool_protocol,
-        }
-        vllm = VLLMActorConfig(
-            model=settings.vllm_model,
-            served_model_name=settings.llm_model,
-            **{k: v for k, v in given.items() if v is not None},
-        )
-    return EngineConfig(
-        backend=settings.engine_backend,
-        openai=OpenAIEngineConfig(
-            base_url=settings.llm_base_url,
-            model=settings.llm_model,
-            api_key=dg.EnvVar(LLM_API_KEY) if settings.llm_api_key_set else None,
-            slots=settings.engine_slots,
-            tool_protocol=settings.tool_protocol,
-        ),
-        vllm_actor=vllm,
-    )
+    """The engine agent turns call: a section per engine kind whose settings are set (`llm.kinds`),
+    its secrets read through dg.EnvVar, never values."""
+    sections = {}
+    for name, kind in KINDS.items():
+        values = settings.engine_values(name)
+        if values is not None:
+            secrets = {
+                field: dg.EnvVar(variable)
+                for field, variable in kind.secrets.items()
+                if variable in settings.engine_secrets_set
+            }
+            sections[name] = KIND_CONFIGS[name](**values, **secrets)
+    return EngineConfig(backend=settings.engine_backend, **sections)
 
 
 def nats(settings: FleetSettings) -> NatsResource:

@@ -6,7 +6,10 @@ import json
 import time
 from typing import Any
 
-from fleet_pipelines.domain.models import Role, TurnKind, TurnResult, TurnStatus
+from fleet_pipelines.domain.councils import Convened, CouncilSettings, convene
+from fleet_pipelines.domain.limits import SandboxLimits
+from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnResult, TurnStatus
+from fleet_pipelines.domain.scoring import ProposalScore, ScoringWeights
 from fleet_pipelines.events.models import EventEnvelope
 from fleet_pipelines.events.streams import PLAN_APPROVED
 from fleet_pipelines.resources.events import NatsResource
@@ -36,6 +39,20 @@ def turn(
         content=content,
         **fields,
     )
+
+
+def council(
+    task: Task | None = None, *, quorum: int | None = None, sandbox: SandboxLimits | None = None
+) -> Convened:
+    """A task's council as `convene` gives it with the default settings and weights; by default a
+    DEV task of three agents."""
+    task = task or Task(task_id="t", description="d", role=Role.DEV, num_agents=3)
+    return convene(task, CouncilSettings(), ScoringWeights(), 64, sandbox or SandboxLimits(), quorum)
+
+
+def scored(agent_id: str, score: float) -> ProposalScore:
+    """A final proposal's score with no checks behind it."""
+    return ProposalScore(agent_id=agent_id, score=score, checks=[], requirements=[], code_blocks=0)
 
 
 def plan(story_id: str = "US-1", plan_id: str = "P-1", **fields: Any) -> dict:

@@ -31,6 +31,7 @@ from ..domain.context import StoryContext
 from ..domain.councils import Convened, CouncilsFileError
 from ..domain.decision import Decision, decide, repository_verdict
 from ..domain.deliberation import (
+    Claim,
     TurnContext,
     TurnRunner,
     current_versions,
@@ -59,9 +60,10 @@ from ..resources.council import CouncilResource
 from ..resources.events import NatsResource
 from ..resources.repos import ReposResource
 from ..resources.turns import TurnRunnerResource
-from ..scoring.checks import execution_checks, score_finals
+from ..scoring.code import execution_checks
+from ..scoring.finals import score_finals
+from ..scoring.patch import patch_checker
 from ..settings import FleetSettings
-from ..workspace.checks import patch_checker
 from ..workspace.view import prompt_view
 from .partitions import deliberation_partitions
 from .previews import (
@@ -164,7 +166,7 @@ def _live_turns(
     With `tools` (a repository task's workspace), agents' turns may call tools, each call and its
     result on the stream and in the turn's history."""
     deadline = _started(context) + convened.task.constraints.timeout_seconds
-    claim = (context.run_id, len(convened.agents))  # the run's claim on the engine (admission)
+    claim = Claim(context.run_id, len(convened.agents))  # the run's claim on the engine (admission)
     with nats.publisher(context.run_id) as sink:
         progress = TurnProgress(context, sink, convened.task)
         turn = TurnContext(deadline, convened.engine, progress.on_chunk, progress.on_result, claim)
@@ -174,7 +176,10 @@ def _live_turns(
             repos, workspace = tools  # the tool runner reports each turn's end, not each engine call
             step = turn_runner.runner(dataclasses.replace(turn, on_result=None))
             protocol = turn_runner.tool_protocol(convened.engine)
-            yield repos.tool_runner(step, workspace, protocol, progress.on_tool, progress.on_result)
+            meter, description = turn_runner.meter(convened.engine), convened.task.description
+            yield repos.tool_runner(
+                step, workspace, protocol, progress.on_tool, progress.on_result, meter, description, deadline
+            )
     if sink.kept:
         context.log.warning(f"{sink.kept} events kept in the outbox until NATS is back: {sink.unreachable}")
 
@@ -210,7 +215,7 @@ def convened_council(
     weights, sandbox limits and quorum, and the councils file version that set them. Every later
     step reads this one (none takes the `council` resource). Its task carries the story's context
     and a repository task's workspace view."""
-    view = prompt_view(workspace) if workspace.active else ""
+    view = prompt_view(workspace, deliberation_task.description) if workspace.active else ""
     try:
         convened = council.convene(
             deliberation_task.model_copy(update={"context": story_context, "workspace_view": view})
@@ -307,16 +312,7 @@ def scores(
     finals = current_versions(history)
     with _live_turns(context, turn_runner, nats, convened) as run_turns:
         judges = _then_release(run_turns, turn_runner, context.run_id, convened)
-        scored = score_finals(
-            convened.task,
-            convened.agents,
-            finals,
-            convened.weights,
-            convened.sandbox,
-            judges,
-            convened.judge_max_tokens,
-            _patch_checks(repos, workspace),
-        )
+        scored = score_finals(convened, finals, judges, _patch_checks(repos, workspace))
     metadata = scores_metadata(scored, history, convened.agents)
     if workspace.active:
         metadata["patches"] = patches_markdown(finals)
@@ -351,16 +347,7 @@ def decision(
 ) -> Iterator[dg.Output[Decision] | dg.AssetCheckResult]:
     """The winner, the ranking and the status (COMPLETED, PARTIAL, FAILED, TIMEOUT), with reasons."""
     turns = [*proposals, *reviews]
-    by_agent = {s.agent_id: s for s in scores}
-    result = decide(
-        convened.agents,
-        turns,
-        current_versions(turns),
-        {a: s.score for a, s in by_agent.items()},
-        {a: s.value("judge") for a, s in by_agent.items()},
-        convened.quorum,
-        {s.agent_id: s.not_run() for s in scores},
-    )
+    result = decide(convened, turns, scores)
     if workspace.active:  # a repository task: the decision is the winning patch, when one applied
         patch = extract_patch(result.winner_content) if result.winner_id else ""
         result = repository_verdict(result, scores, patch, workspace.commit)
@@ -414,13 +401,13 @@ def decision_events(
     sensor shares its key; a repository task's carries the pushed branch), the old collector's
     `deliberation.completed|failed`, and the decision in its story's `story_decisions`. Events
     NATS does not take wait in the outbox."""
-    task, tags, run_id = convened.task, context.run.tags, context.run_id
-    decision = decision.model_copy(update={"pushed_branch": winning_branch.branch})
+    task, tags, run_id = convened.task, context.run_tags, context.run_id
     duration_ms = (time.time() - _started(context)) * 1000
     correlation, causation = tags.get(TAG_CORRELATION), tags.get(TAG_CAUSATION)
-    sink = nats.deliver(
-        run_id, outcome_events(task, decision, proposals, run_id, duration_ms, correlation, causation)
+    told = outcome_events(
+        task, decision, proposals, run_id, duration_ms, correlation, causation, winning_branch.branch
     )
+    sink = nats.deliver(run_id, told)
     report_story_decision(context, task, decision)
     outbox = nats.outbox()
     pending = outbox.pending(context.run_id) if outbox is not None else 0
@@ -501,8 +488,10 @@ def materialize_deliberation(
     task_id: str,
     task_fields: dict,
     raise_on_error: bool = True,
+    tags: dict[str, str] | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """Adds the partition and runs one deliberation in this process (tests, benchmarks, notebooks)."""
+    """Adds the partition and runs one deliberation in this process (tests, benchmarks, notebooks);
+    `tags`: the run's (a planning sensor's run request carries its own)."""
     instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
     with defs_state_storage(instance):  # this run's instance, not one left in the context
         return dg.materialize(
@@ -512,4 +501,5 @@ def materialize_deliberation(
             partition_key=task_id,
             run_config=deliberation_run_config(task_fields),
             raise_on_error=raise_on_error,
+            tags=tags,
         )

@@ -40,27 +40,17 @@ def evaluation(
     from ..evaluation.runner import run_problems
 
     suite, problems = config.problems()
-    model, engine = turn_runner.model_name, turn_runner.engine.to_model()
-    context.log.info(
-        f"evaluating {len(problems)} {suite.name} problems with {model} "
-        f"(N={config.num_agents}, R={config.rounds}) on Ray"
-    )
+    model, shape = turn_runner.model_name, f"N={config.num_agents}, R={config.rounds}"
+    context.log.info(f"evaluating {len(problems)} {suite.name} problems with {model} ({shape}) on Ray")
     outcomes = run_problems(
         problems,
         config.run_settings(council.sandbox.to_model(), council.weights.to_model()),
-        engine,
+        turn_runner.engine.to_model(),
         turn_runner.dispatch_settings(),
         config.max_concurrent_problems,
         progress=context.log.info,
     )
-    shape = config.model_dump(include={"suite", "num_agents", "rounds", "max_tokens"})
-    run = EvaluationRun(
-        context.partition_key,
-        suite_label=suite.name,
-        model=model,
-        resamples=config.bootstrap_resamples,
-        **shape,
-    )
+    run = EvaluationRun.of(config, context.partition_key, suite.name, model)
     report = evaluation_report(run, outcomes, {p.problem_id: suite.split_of(p) for p in problems})
     summary = table(report.summary.to_dict("records"), SUMMARY_COLUMNS)
     yield dg.Output(report.frame, metadata={**report.metadata, "summary": summary})

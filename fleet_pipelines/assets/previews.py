@@ -13,7 +13,7 @@ from ..domain.deliberation import current_versions
 from ..domain.models import AgentSpec, TurnKind, TurnResult
 from ..domain.prompts import feedback_block
 from ..domain.scoring import CheckResult, ProposalScore
-from ..domain.workspace import extract_patch, rationale_of
+from ..domain.workspace import Workspace, extract_patch, rationale_of
 
 TURN_TABLE_COLUMNS = [
     "agent_id",
@@ -183,3 +183,33 @@ def events_metadata(pending: int, unreachable: str | None) -> dict[str, dg.RawMe
         return {"events_pending": 0, "events": "all published"}
     why = unreachable or "NATS unreachable"
     return {"events_pending": pending, "events": f"{pending} events pending: {why}; sent when it is back"}
+
+
+def baseline_md(workspace: Workspace) -> str:
+    base = workspace.baseline
+    if base is None:
+        return "_no baseline_"
+    counts = f"{base.passed} passed, {base.failed} failing, {base.skipped} skipped" if base.counted else ""
+    lines = [f"**{base.status}** {counts} — `{base.ran}` ({base.duration_s:.2f} s)"]
+    if base.failing:
+        lines.append("Failing: " + ", ".join(f"`{f}`" for f in base.failing))
+    if base.first_failure:
+        lines.append(f"```\n{base.first_failure}\n```")
+    return "\n\n".join(lines)
+
+
+def workspace_metadata(ready: Workspace) -> dict[str, dg.RawMetadataValue]:
+    """A repository task's checkout: where it came from, its file index, baseline and dependencies."""
+    rows = [f.model_dump() for f in ready.files]
+    return {
+        "repository": ready.url,
+        "ref": ready.ref,
+        "commit": ready.commit,
+        "files": ready.file_count,
+        "bytes": ready.total_bytes,
+        "file_index": table(rows, ["path", "size", "language"]),
+        "baseline": dg.MetadataValue.md(baseline_md(ready)),
+        "skipped": dg.MetadataValue.md("\n".join(f"- {s}" for s in ready.skipped) or "_nothing_"),
+        "dependencies": dg.MetadataValue.md("\n".join(f"- `{d}`" for d in ready.dependencies) or "_none_"),
+        "path": dg.MetadataValue.path(ready.path),
+    }

@@ -85,7 +85,7 @@ class TurnProgress:
             *turn_chunk_event(self.task.task_id, self.context.run_id, result, seq, "", 0, result.status)
         )
         if result.kind is not TurnKind.JUDGE:  # judge turns are scoring, not agent responses
-            tags = self.context.run.tags
+            tags = self.context.run_tags
             self.publisher.publish(
                 agent_response_events(
                     self.task,

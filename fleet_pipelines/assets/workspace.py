@@ -11,20 +11,7 @@ from ..resources.repos import ReposResource
 from ..workspace.checkout import CheckoutError
 from ..workspace.environment import DependencyError
 from .partitions import deliberation_partitions
-from .previews import table
-
-
-def baseline_md(workspace: Workspace) -> str:
-    base = workspace.baseline
-    if base is None:
-        return "_no baseline_"
-    counts = f"{base.passed} passed, {base.failed} failing, {base.skipped} skipped" if base.counted else ""
-    lines = [f"**{base.status}** {counts} — `{base.ran}` ({base.duration_s:.2f} s)"]
-    if base.failing:
-        lines.append("Failing: " + ", ".join(f"`{f}`" for f in base.failing))
-    if base.first_failure:
-        lines.append(f"```\n{base.first_failure}\n```")
-    return "\n\n".join(lines)
+from .previews import workspace_metadata
 
 
 @dg.asset(
@@ -50,21 +37,4 @@ def workspace(
         raise dg.Failure(description=f"workspace of {task.task_id}: {exc}", allow_retries=False) from exc
     status = ready.baseline.status if ready.baseline else "not run"
     context.log.info(f"{task.repo.url} {task.repo.ref} -> {ready.commit}; baseline {status}")
-    rows = [f.model_dump() for f in ready.files]
-    return dg.Output(
-        ready,
-        metadata={
-            "repository": ready.url,
-            "ref": ready.ref,
-            "commit": ready.commit,
-            "files": ready.file_count,
-            "bytes": ready.total_bytes,
-            "file_index": table(rows, ["path", "size", "language"]),
-            "baseline": dg.MetadataValue.md(baseline_md(ready)),
-            "skipped": dg.MetadataValue.md("\n".join(f"- {s}" for s in ready.skipped) or "_nothing_"),
-            "dependencies": dg.MetadataValue.md(
-                "\n".join(f"- `{d}`" for d in ready.dependencies) or "_none_"
-            ),
-            "path": dg.MetadataValue.path(ready.path),
-        },
-    )
+    return dg.Output(ready, metadata=workspace_metadata(ready))

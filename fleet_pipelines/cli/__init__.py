@@ -11,6 +11,8 @@ Every verb finds the running local stack through what `fleet dev` recorded in .f
 (stack_file.py); an environment variable (NATS_URL, FLEET_LLM_BASE_URL, …) always wins.
 fleet nats init|rejected|redrive   JetStream streams and dead letters
 fleet councils list|show|validate  the councils file (FLEET_COUNCILS_FILE)
+fleet metrics serve|prometheus     the fleet's metrics exporter; a Prometheus scraping the local stack
+fleet top                          engines and deliberations in flight, live
 
 Each verb's module is imported when it runs, and imports what it needs then, so `fleet --help`
 and quick verbs start fast (`VERBS`).
@@ -35,6 +37,8 @@ VERBS = {
     "result": "A task's status and results.",
     "nats": "NATS JetStream: streams and dead letters.",
     "councils": "The councils that would run: list, show, validate.",
+    "metrics": "Metrics: the fleet's exporter, a Prometheus scraping the local stack.",
+    "top": "Engines (queue, slots, tokens/s) and deliberations in flight, refreshing.",
 }
 
 

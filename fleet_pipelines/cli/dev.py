@@ -20,7 +20,15 @@ import click
     show_default=True,
     help="embedded nats-server port (not started if NATS_URL is set; 4222 is often the machine's own)",
 )
-def dev(port: int, model_port: int, ray_port: int, nats_port: int) -> None:
+@click.option(
+    "--metrics-port", type=int, default=9464, show_default=True, help="the fleet's metrics exporter"
+)
+@click.option(
+    "--ray-metrics-port", type=int, default=9465, show_default=True, help="the Ray head's metrics agent"
+)
+def dev(
+    port: int, model_port: int, ray_port: int, nats_port: int, metrics_port: int, ray_metrics_port: int
+) -> None:
     from .. import stack
     from ..sandbox import unavailable_warning
     from ..settings import FleetSettings
@@ -30,5 +38,12 @@ def dev(port: int, model_port: int, ray_port: int, nats_port: int) -> None:
         click.echo(f"fleet dev: warning: {warning}", err=True)
 
     home = dagster_home()
-    ports = stack.DevPorts(ui=port, model=model_port, ray=ray_port, nats=nats_port)
+    ports = stack.DevPorts(
+        ui=port,
+        model=model_port,
+        ray=ray_port,
+        nats=nats_port,
+        metrics=metrics_port,
+        ray_metrics=ray_metrics_port,
+    )
     sys.exit(stack.run_dev(ports, FleetSettings.from_env().state_path, home, REPO_ROOT))

@@ -36,7 +36,9 @@ def serve(
 ) -> None:
     from ..llm.local_server import ServerSettings, fetch_model
     from ..llm.local_server import serve as serve_model
+    from ..settings import read_secret_files
 
+    read_secret_files(os.environ)  # FLEET_LLM_API_KEY_FILE: the key mounted as a file
     serve_model(
         ServerSettings(
             model_path=model_path or fetch_model(),
@@ -45,7 +47,7 @@ def serve(
             parallel=parallel,
             threads=threads,
             ctx_per_slot=ctx_per_slot,
-            # From the environment only, so the key never shows in a process listing.
+            # From the environment or its file only, so the key never shows in a process listing.
             api_key=os.environ.get("FLEET_LLM_API_KEY") or None,
         )
     )

@@ -18,7 +18,6 @@ SUMMARY_FIELDS = {
     "winner_content",
     "winner_patch",
     "base_commit",
-    "pushed_branch",
 }
 
 
@@ -35,6 +34,17 @@ def failure_chain(result) -> list[str]:
             if lines:
                 return lines
     return []
+
+
+def failed_decision_reasons(result) -> list[str]:
+    """The reasons of a decision whose step failed after deciding (no quorum: why, in one line,
+    then the quorum message); none when the run failed before its decision."""
+    import dagster as dg
+
+    try:
+        return list(result.output_for_node("decision").reasons)
+    except dg.DagsterInvariantViolationError:
+        return []
 
 
 def progress_logger(init_context) -> logging.Logger:
@@ -116,15 +126,16 @@ def run(as_json: bool, verbose: bool, **options) -> None:
     if not result.success:
         for line in failure_chain(result):
             click.echo(f"  because {line}", err=True)
+        for reason in failed_decision_reasons(result):  # a FAILED decision fails its quorum check
+            click.echo(f"  {reason}", err=True)
         click.echo(f"task {task_id}: run {result.run_id} failed; see the Dagster UI", err=True)
         sys.exit(1)
     pushed = result.output_for_node("winning_branch")
-    decision = result.output_for_node("decision").model_copy(update={"pushed_branch": pushed.branch})
+    decision = result.output_for_node("decision")
     if as_json:
         summary = {"task_id": task_id, "run_id": result.run_id}
-        click.echo(
-            json.dumps({**summary, **decision.model_dump(mode="json", include=SUMMARY_FIELDS)}, indent=2)
-        )
+        shown = {**decision.model_dump(mode="json", include=SUMMARY_FIELDS), "pushed_branch": pushed.branch}
+        click.echo(json.dumps({**summary, **shown}, indent=2))
     else:
         click.echo(f"status: {decision.status.value}")
         ranking = [r.model_dump() for r in decision.ranking]

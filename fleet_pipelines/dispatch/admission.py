@@ -2,10 +2,10 @@
 
 The engine is the scarce resource. Every turn of every run connected to the cluster goes through
 the `EngineQueue` actor of its engine, which sends a turn only when the engine has a free slot
-(capacity: `EngineSettings.slots`, llama.cpp's own `/props`, or vLLM's `max_num_seqs`). Which turn
-gets a slot, when a turn is refused, which run holds the engine and which waits in reserve, and
-when a background turn gives its slot back is the policy of `scheduler.Scheduler`
-(synchronous, tested without Ray); this module is the mechanism around it.
+(its kind's capacity, `llm.kinds`: `EngineSettings.slots`, llama.cpp's own `/props`, or vLLM's
+`max_num_seqs`). Which turn gets a slot, when a turn is refused, which run holds the engine and
+which waits in reserve, and when a background turn gives its slot back is the policy of
+`scheduler.Scheduler` (synchronous, tested without Ray); this module is the mechanism around it.
 
 The actor runs the turns (asyncio, one process, I/O-bound): each waits on a future the
 scheduler's `Grant` or `Refusal` resolves, and a `TakeBack` cancels a background turn's engine
@@ -31,32 +31,37 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..domain.deliberation import Claim
 from ..domain.models import TurnRequest, TurnResult, TurnStatus
-from ..llm.engine import (
-    ChatCall,
-    ChatEngine,
-    Engine,
-    EngineError,
-    EngineSettings,
-    llama_cpp_slots,
-    normalize_base_url,
+from ..llm.engine import ChatCall, Engine, EngineError
+from ..llm.kinds import AnyEngineSettings, kind_of
+from ..llm.openai_kind import DEFAULT_SLOTS as DEFAULT_SLOTS  # benchmarks/load.py reads it here
+from .queue_metrics import QueueMetrics
+from .scheduler import (
+    NOTES,
+    Closed,
+    Decision,
+    Ended,
+    Event,
+    Grant,
+    Polled,
+    Released,
+    Scheduler,
+    Sent,
+    Submitted,
+    TakeBack,
+    Tick,
+    TurnSpec,
+    Waiting,
+    Withdrawn,
 )
-from ..llm.vllm_actor import VLLMActorEngine, VLLMActorSettings
-from .scheduler import Claim, Decision, Grant, Scheduler, TakeBack, TurnSpec
 
-AnyEngineSettings = EngineSettings | VLLMActorSettings
-DEFAULT_SLOTS = 4  # an OpenAI-compatible engine that does not say how many requests it serves at once
 NOT_STARTED = "NotStarted"  # error_type of a turn reported TIMEOUT without being sent
 
 
-def engine_capacity(engine: AnyEngineSettings) -> int:
-    if isinstance(engine, VLLMActorSettings):
-        return engine.max_num_seqs
-    return engine.slots or llama_cpp_slots(engine.base_url) or DEFAULT_SLOTS
-
-
 def make_engine(engine: AnyEngineSettings) -> Engine:
-    return VLLMActorEngine(engine) if isinstance(engine, VLLMActorSettings) else ChatEngine(engine)
+    """The client of the engine these settings are of (its kind's, `llm.kinds`)."""
+    return kind_of(engine).build(engine)
 
 
 async def execute_turn(
@@ -116,6 +121,29 @@ async def execute_turn(
     )
 
 
+@dataclass(frozen=True)
+class Submission:
+    """A turn a run hands the queue: its id (the run's), its request and its deadline (time.time(),
+    inf for none)."""
+
+    turn_id: str
+    request: TurnRequest
+    deadline: float
+
+
+Chunk = tuple[str, int]  # (text, pieces of streamed text in it)
+
+
+@dataclass(frozen=True)
+class TurnNews:
+    """What a poll tells a run of one turn: the chunks after its cursor and its result once it has
+    one. `known` is False for a turn the actor does not hold (it was restarted): submit it again."""
+
+    known: bool
+    chunks: tuple[Chunk, ...] = ()
+    result: TurnResult | None = None
+
+
 @dataclass
 class _Turn:
     """A turn as the actor runs it: its task, its engine call and what it streamed."""
@@ -123,7 +151,7 @@ class _Turn:
     turn_id: str
     request: TurnRequest
     submitted: float
-    chunks: list[tuple[str, int]] = field(default_factory=list)  # (text, pieces) per chunk
+    chunks: list[Chunk] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     flushed_at: float = 0.0
     last_poll: float = 0.0
@@ -156,24 +184,22 @@ class EngineQueue:
         """`on_idle` is called once the queue has held nothing (`Scheduler.idle`) and been asked
         nothing for `idle_exit_s`: the Ray actor ends itself there (`ray_dispatch`)."""
         self.engine_settings = engine
-        self.capacity = capacity or engine_capacity(engine)
+        kind = kind_of(engine)
+        self.capacity = capacity or kind.capacity(engine)
         self.chunk_interval_s = chunk_interval_s
         self.lease_s = lease_s
         self.finished_keep_s = finished_keep_s
         self.idle_exit_s = idle_exit_s
         self.on_idle = on_idle
         self._asked_at = time.time()  # the last call of any run
-        # Slot ids are sent only to llama.cpp (`id_slot`), whose slots they are; vLLM shares cached
-        # prefixes across all requests by itself.
-        pin_slots = (
-            isinstance(engine, EngineSettings) and (llama_cpp_slots(engine.base_url) or 0) >= self.capacity
-        )
-        self.scheduler = Scheduler(self.capacity, time.time, pin_slots, lease_s)
+        self.scheduler = Scheduler(self.capacity, time.time, kind.pins_slots(engine, self.capacity), lease_s)
         self._engine = None
         self._turns: dict[str, _Turn] = {}
         self._changed: asyncio.Event | None = None
         self._reaper: asyncio.Task | None = None
         self.counts = {"sent": 0, "not_started": 0, "abandoned": 0, "preempted": 0, "background_sent": 0}
+        self.metrics = QueueMetrics(kind.label(engine), kind.model_name(engine))
+        self._record_state()
 
     @property
     def pin_slots(self) -> bool:
@@ -181,23 +207,31 @@ class EngineQueue:
 
     # -- the run's side --------------------------------------------------------------------------
 
-    async def submit(
-        self, turns: list[tuple[str, TurnRequest, float]], claim: tuple[str, int] | None = None
-    ) -> None:
-        """Queues (turn id, request, deadline as time.time(), inf for none); returns at once.
-        `claim`: (run id, council size) of the run they belong to (see `scheduler`)."""
+    async def submit(self, turns: list[Submission], claim: Claim | None = None) -> None:
+        """Queues the turns; returns at once. `claim`: that of the run they belong to (see
+        `scheduler`)."""
         self._asked()
         now = time.time()
-        run_id = None
-        if claim is not None:
-            run_id = claim[0]
-            self.scheduler.claim(Claim(*claim), max((d for _, _, d in turns), default=0.0))
-        for turn_id, request, deadline in turns:
-            if turn_id in self._turns:
-                continue  # a resubmission the actor already holds
-            turn = _Turn(turn_id, request, submitted=now, flushed_at=now, last_poll=now, run_id=run_id)
-            self.scheduler.add(TurnSpec(turn_id, request.kind, request.conversation, deadline, run_id))
-            self._turns[turn_id] = turn
+        run_id = None if claim is None else claim.run_id
+        new: dict[str, Submission] = {}
+        for submitted in turns:
+            if submitted.turn_id not in self._turns:  # else: a resubmission the actor already holds
+                new.setdefault(submitted.turn_id, submitted)
+        specs = tuple(
+            TurnSpec(s.turn_id, s.request.kind, s.request.conversation, s.deadline, run_id)
+            for s in new.values()
+        )
+        self._tell(Submitted(specs, claim, max((t.deadline for t in turns), default=0.0)))
+        for submitted in new.values():
+            turn = _Turn(
+                submitted.turn_id,
+                submitted.request,
+                submitted=now,
+                flushed_at=now,
+                last_poll=now,
+                run_id=run_id,
+            )
+            self._turns[turn.turn_id] = turn
             turn.task = asyncio.create_task(self._run(turn))
 
     async def ready(self) -> None:
@@ -207,16 +241,17 @@ class EngineQueue:
     async def release(self, run_id: str) -> None:
         """The run sends no more turns: the engine goes to the reserve."""
         self._asked()
-        self._apply(self.scheduler.release(run_id))
+        self._tell(Released(run_id))
 
     async def deadline_of(self, run_id: str, deadline: float) -> float:
         """A deadline of this run as the queue keeps it: moved by the run's time in reserve."""
         self._asked()
         return self.scheduler.deadline_of(run_id, deadline)
 
-    async def poll(self, cursors: dict[str, int], wait_s: float) -> dict[str, dict[str, Any]]:
-        """New chunks (after each cursor) and results of these turns; waits up to `wait_s` for any.
-        A turn this actor does not know (it was restarted) comes back with known=False."""
+    async def poll(self, cursors: dict[str, int], wait_s: float) -> dict[str, TurnNews]:
+        """The news of these turns (by turn id: the chunks after its cursor, its result), for those
+        that have any; waits up to `wait_s` for some. A turn this actor does not know (it was
+        restarted) comes back not `known`."""
         self._asked()
         deadline = time.monotonic() + wait_s
         while True:
@@ -226,12 +261,12 @@ class EngineQueue:
             for turn_id, cursor in cursors.items():
                 turn = self._turns.get(turn_id)
                 if turn is None:
-                    out[turn_id] = {"known": False, "chunks": [], "result": None}
+                    out[turn_id] = TurnNews(known=False)
                     continue
                 turn.last_poll = now
-                self.scheduler.touch(turn.run_id)
+                self._tell(Polled(turn.run_id))
                 if turn.chunks[cursor:] or turn.result is not None:
-                    out[turn_id] = {"known": True, "chunks": turn.chunks[cursor:], "result": turn.result}
+                    out[turn_id] = TurnNews(True, tuple(turn.chunks[cursor:]), turn.result)
             remaining = deadline - time.monotonic()
             if out or remaining <= 0:
                 return out
@@ -245,11 +280,12 @@ class EngineQueue:
             turn = self._turns.pop(turn_id, None)
             if turn is None:
                 continue
-            self.scheduler.close(turn_id)
+            self._tell(Closed(turn_id))
             if turn.task is not None and not turn.task.done():
                 turn.task.cancel()
                 cancelled += 1
         self.counts["abandoned"] += cancelled
+        self._record_state()
         return cancelled
 
     def stats(self) -> dict[str, Any]:
@@ -271,6 +307,12 @@ class EngineQueue:
         self._event().set()
         self._changed = asyncio.Event()
 
+    def _tell(self, event: Event) -> None:
+        """Tells the scheduler what happened and carries out the decisions it answers with."""
+        decisions = self.scheduler.handle(event)
+        if not isinstance(event, NOTES):  # a note is answered with none; its callers record the state
+            self._apply(decisions)
+
     def _apply(self, decisions: list[Decision]) -> None:
         """Carries the scheduler's decisions out: grants and refusals resolve the waiting turns'
         futures, a take-back cancels a background turn's engine call."""
@@ -281,18 +323,23 @@ class EngineQueue:
                     turn.attempt.cancel()
             elif turn is None or turn.grant is None or turn.grant.done():
                 if isinstance(decision, Grant):  # nobody waits for it any more: the next turn's
-                    self._apply(self.scheduler.withdraw(decision.turn_id))
+                    self._tell(Withdrawn(decision.turn_id))
             elif isinstance(decision, Grant):
                 turn.slot, turn.slot_reused = decision.slot, decision.reused
                 turn.grant.set_result(None)
             else:
                 turn.grant.set_result(decision.reason)
+        self._record_state()
+
+    def _record_state(self) -> None:
+        running, waiting = self.scheduler.occupancy()
+        self.metrics.state(self.capacity, running, waiting)
 
     async def _admit(self, turn: _Turn) -> str | None:
         """None once the turn holds a slot; otherwise why it will not be sent."""
         grant = turn.grant = asyncio.get_running_loop().create_future()
         try:
-            self._apply(self.scheduler.wait(turn.turn_id))
+            self._tell(Waiting(turn.turn_id))
             while not grant.done():  # looked at again: a reserve run's deadline starts later
                 left = self.scheduler.deadline(turn.turn_id) - time.time()
                 if left <= 0:
@@ -301,7 +348,7 @@ class EngineQueue:
                     await asyncio.wait_for(asyncio.shield(grant), min(left, 5.0))
         except (TimeoutError, asyncio.CancelledError) as exc:
             # Leaves the queue; a slot granted in the same instant goes to the next turn.
-            self._apply(self.scheduler.withdraw(turn.turn_id))
+            self._tell(Withdrawn(turn.turn_id))
             if isinstance(exc, asyncio.CancelledError):
                 raise
             waited = time.time() - turn.submitted
@@ -317,10 +364,12 @@ class EngineQueue:
             queue_ms = (time.time() - turn.submitted) * 1000
             if refused is not None:
                 self.counts["not_started"] += 1
+                self.metrics.refused_turn(request.kind)
                 result = TurnResult.unfinished(request, TurnStatus.TIMEOUT, refused, NOT_STARTED)
                 self._finish(turn, result.model_copy(update={"queue_ms": queue_ms}))
                 return
             self.counts["sent"] += 1
+            self.metrics.admitted_turn(request.kind, queue_ms / 1000)
             self.counts["background_sent"] += self.scheduler.background(turn.turn_id)
             result = None
             taken_back = False
@@ -336,7 +385,7 @@ class EngineQueue:
                         turn.slot if self.pin_slots else None,
                     )
                 )
-                self.scheduler.sent(turn.turn_id)
+                self._tell(Sent(turn.turn_id))
                 try:
                     result = await turn.attempt
                 except asyncio.CancelledError:
@@ -347,13 +396,12 @@ class EngineQueue:
             finally:
                 turn.attempt = None
                 completed = result is not None and result.status is TurnStatus.COMPLETED
-                self._apply(
-                    self.scheduler.ended(turn.turn_id, result.latency_ms / 1000 if completed else None)
-                )
+                self._tell(Ended(turn.turn_id, result.latency_ms / 1000 if completed else None))
             if result is None:  # its slot was taken back: queued again, what it wrote dropped
                 turn.pending.clear()
                 self.counts["preempted"] += 1
                 continue
+            self.metrics.ended(result)
             self._finish(turn, result.model_copy(update={"queue_ms": queue_ms}))
             return
 
@@ -378,7 +426,8 @@ class EngineQueue:
         self._flush(turn)
         turn.result = result
         turn.finished_at = time.time()
-        self.scheduler.close(turn.turn_id)
+        self._tell(Closed(turn.turn_id))
+        self._record_state()
         self._notify()
 
     async def _reap(self) -> None:
@@ -393,7 +442,7 @@ class EngineQueue:
                 if t.result is None and now - t.last_poll > self.lease_s
             ]
             await self.abandon(stale)
-            self._apply(self.scheduler.expire())
+            self._tell(Tick())
             for turn_id, turn in list(self._turns.items()):
                 if turn.finished_at is not None and now - turn.finished_at > self.finished_keep_s:
                     del self._turns[turn_id]
@@ -406,10 +455,5 @@ class EngineQueue:
 def queue_name(engine: AnyEngineSettings, capacity: int | None, code_version: str) -> str:
     """One queue per engine (and code version) on the cluster: every run derives the same name from
     where the engine is, so runs with other timeouts still share its slots."""
-    where = (
-        engine.actor_name() if isinstance(engine, VLLMActorSettings) else normalize_base_url(engine.base_url)
-    )
-    identity = (
-        f"{where}:{engine.model if isinstance(engine, EngineSettings) else ''}:{capacity}:{code_version}"
-    )
+    identity = f"{kind_of(engine).queue_identity(engine)}:{capacity}:{code_version}"
     return f"engine-queue-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"

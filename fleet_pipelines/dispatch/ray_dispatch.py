@@ -16,8 +16,8 @@ import hashlib
 import math
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
 from ..domain.deliberation import TurnContext
 from ..domain.models import TurnRequest, TurnResult, TurnStatus
-from .admission import AnyEngineSettings, EngineQueue, queue_name
+from .admission import AnyEngineSettings, EngineQueue, Submission, TurnNews, queue_name
 
 WORKER_NAMESPACE = "fleet"
 
@@ -114,6 +114,33 @@ def _end_this_actor() -> None:
     ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
 
+@dataclass
+class _Batch:
+    """One call's turns as the dispatcher follows them through the queue."""
+
+    requests: dict[str, TurnRequest]  # by turn id, in request order
+    given: float  # the deadline the run gave (inf for none)
+    deadline: float  # as the queue keeps it: moved by the run's time in reserve
+    results: dict[str, TurnResult] = field(default_factory=dict)
+    retries: int = 0  # Ray failures and actor restarts so far
+    # chunks read from the actor (back to 0 when a turn runs again) and chunks handed to on_chunk
+    # (never back: they index the stream)
+    cursors: dict[str, int] = field(default_factory=dict)
+    emitted: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, requests: Sequence[TurnRequest], given: float, deadline: float) -> _Batch:
+        by_id = {uuid.uuid4().hex: r for r in requests}
+        return cls(by_id, given, deadline, cursors=dict.fromkeys(by_id, 0), emitted=dict.fromkeys(by_id, 0))
+
+    def pending(self) -> dict[str, int]:
+        """The turns without a result yet, with their cursors."""
+        return {i: self.cursors[i] for i in self.requests if i not in self.results}
+
+    def submissions(self, turn_ids: Sequence[str]) -> list[Submission]:
+        return [Submission(i, self.requests[i], self.given) for i in turn_ids]
+
+
 class RayTurnDispatcher:
     """Runs batches of turns on `engine` (the settings of `turn.engine`, else the stack's)
     through its admission queue, under `turn`: its wall-clock deadline, progress and claim."""
@@ -124,6 +151,8 @@ class RayTurnDispatcher:
         self.turn = turn
 
     def __call__(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
+        """Submits the batch, polls until every turn has its result (or the deadline or Ray gives
+        out), and abandons what is left."""
         if not requests:
             return []
         given = math.inf if self.turn.deadline is None else self.turn.deadline
@@ -136,66 +165,74 @@ class RayTurnDispatcher:
             ]
         if queue is None:
             queue = engine_queue(self.engine, self.settings)
-        by_id = {uuid.uuid4().hex: r for r in requests}
-        submission = [(turn_id, r, given) for turn_id, r in by_id.items()]
-        cursors = dict.fromkeys(by_id, 0)  # chunks read from the actor (restart at 0 when a turn re-runs)
-        emitted = dict.fromkeys(by_id, 0)  # chunks handed to on_chunk (never restart: they index the stream)
-        results: dict[str, TurnResult] = {}
-        retries = 0
+        batch = _Batch.of(requests, given, deadline)
         try:
-            ray.get(queue.submit.remote(submission, self.turn.claim))
-            while len(results) < len(by_id):
-                pending = {i: cursors[i] for i in by_id if i not in results}
-                if time.time() > deadline + 10 * self.settings.poll_s:
-                    with contextlib.suppress(RayError, GetTimeoutError):  # else: as it was
-                        deadline = self._deadline(queue, given)  # moved while its run was in reserve
-                if time.time() > deadline + 10 * self.settings.poll_s:
-                    for i in pending:  # the actor should have reported them; it did not in time
-                        results[i] = self._finished(self._cut(by_id[i], "deliberation deadline reached"))
-                    break
-                try:
-                    news = ray.get(
-                        queue.poll.remote(pending, self.settings.poll_s), timeout=self.settings.poll_s + 60
-                    )
-                except (RayError, GetTimeoutError) as exc:
-                    retries += 1
-                    if retries > self.settings.max_worker_retries:
-                        for i in pending:
-                            results[i] = self._finished(
-                                TurnResult.unfinished(
-                                    by_id[i],
-                                    TurnStatus.FAILED,
-                                    f"Ray could not run the turn: {exc}",
-                                    type(exc).__name__,
-                                )
-                            )
-                        break
-                    continue
-                lost = [i for i, n in news.items() if not n["known"]]
-                if lost:  # the actor was restarted: run those turns again
-                    retries += 1
-                    ray.get(queue.submit.remote([(i, by_id[i], given) for i in lost], self.turn.claim))
-                    for i in lost:
-                        cursors[i] = 0
-                for i, n in news.items():
-                    for text, pieces in n["chunks"]:
-                        if self.turn.on_chunk is not None:
-                            self.turn.on_chunk(by_id[i], emitted[i], text, pieces)
-                        cursors[i] += 1
-                        emitted[i] += 1
-                    if n["result"] is not None:
-                        results[i] = self._finished(n["result"])
+            ray.get(queue.submit.remote(batch.submissions(list(batch.requests)), self.turn.claim))
+            while batch.pending() and self._poll(queue, batch):
+                pass
         finally:
-            unfinished = [i for i in by_id if i not in results]
-            if unfinished:
+            if unfinished := list(batch.pending()):
                 queue.abandon.remote(unfinished)  # closes their streams; nobody waits for the answer
-        return [results[i] for i in by_id]
+        return [batch.results[i] for i in batch.requests]
+
+    def _poll(self, queue: ray.actor.ActorHandle, batch: _Batch) -> bool:
+        """One poll of the queue and what its news brings; False once the batch is given up (past
+        its deadline, or Ray failed too often), each pending turn then with its result."""
+        if self._overdue(queue, batch):  # the actor should have reported them; it did not in time
+            self._give_up(batch, lambda r: self._cut(r, "deliberation deadline reached"))
+            return False
+        try:
+            news: dict[str, TurnNews] = ray.get(
+                queue.poll.remote(batch.pending(), self.settings.poll_s), timeout=self.settings.poll_s + 60
+            )
+        except (RayError, GetTimeoutError) as exc:
+            batch.retries += 1
+            if batch.retries <= self.settings.max_worker_retries:
+                return True
+            why, kind = f"Ray could not run the turn: {exc}", type(exc).__name__
+            self._give_up(batch, lambda r: TurnResult.unfinished(r, TurnStatus.FAILED, why, kind))
+            return False
+        self._resubmit_lost(queue, batch, [i for i, n in news.items() if not n.known])
+        for turn_id, turn_news in news.items():
+            self._take(batch, turn_id, turn_news)
+        return True
+
+    def _overdue(self, queue: ray.actor.ActorHandle, batch: _Batch) -> bool:
+        """Past the deadline with room for the actor to report its own TIMEOUT, the deadline asked
+        again first (it moved while its run was in reserve)."""
+        if time.time() > batch.deadline + 10 * self.settings.poll_s:
+            with contextlib.suppress(RayError, GetTimeoutError):  # else: as it was
+                batch.deadline = self._deadline(queue, batch.given)
+        return time.time() > batch.deadline + 10 * self.settings.poll_s
+
+    def _resubmit_lost(self, queue: ray.actor.ActorHandle, batch: _Batch, lost: list[str]) -> None:
+        """Turns the actor does not know (it was restarted) run again, read from their start."""
+        if not lost:
+            return
+        batch.retries += 1
+        ray.get(queue.submit.remote(batch.submissions(lost), self.turn.claim))
+        for turn_id in lost:
+            batch.cursors[turn_id] = 0
+
+    def _take(self, batch: _Batch, turn_id: str, news: TurnNews) -> None:
+        """A turn's news: its chunks to `on_chunk`, its result to `on_result`."""
+        for text, pieces in news.chunks:
+            if self.turn.on_chunk is not None:
+                self.turn.on_chunk(batch.requests[turn_id], batch.emitted[turn_id], text, pieces)
+            batch.cursors[turn_id] += 1
+            batch.emitted[turn_id] += 1
+        if news.result is not None:
+            batch.results[turn_id] = self._finished(news.result)
+
+    def _give_up(self, batch: _Batch, result_of: Callable[[TurnRequest], TurnResult]) -> None:
+        for turn_id in batch.pending():
+            batch.results[turn_id] = self._finished(result_of(batch.requests[turn_id]))
 
     def _deadline(self, queue: ray.actor.ActorHandle, given: float) -> float:
         """The deadline as the queue keeps it for this run (moved by its time in reserve)."""
         if self.turn.claim is None or math.isinf(given):
             return given
-        return ray.get(queue.deadline_of.remote(self.turn.claim[0], given))
+        return ray.get(queue.deadline_of.remote(self.turn.claim.run_id, given))
 
     def _finished(self, result: TurnResult) -> TurnResult:
         if self.turn.on_result is not None:

@@ -1,9 +1,10 @@
 """The admission policy of one engine: which waiting turn gets a free slot, and when.
 
 Synchronous and clock-injected: it imports no Ray, asyncio or clock of its own, holds no futures
-and runs nothing. The admission actor (`admission.EngineQueue`) tells it what happens (a turn is
-added, waits, is sent, ends, gives up; a run is released) and applies what it decides: typed
-`Decision`s (`Grant`, `Refusal`, `TakeBack`). Unit tests drive it with a clock they move by hand.
+and runs nothing. The admission actor (`admission.EngineQueue`) tells it what happens, one `Event`
+at a time (`Scheduler.handle`: turns submitted, a turn waiting, withdrawn, sent, ended, closed; a
+run polled or released; a tick of the clock), and carries out the `Decision`s it answers with
+(`Grant`, `Refusal`, `TakeBack`). Unit tests drive it with a clock they move by hand.
 
 The policy:
 
@@ -25,9 +26,9 @@ The policy:
   hold a holding run's conversations (its next phase reads them from the cache).
 - **Deadline shift.** A reserve run's deadlines move by the time it spent in reserve: its clock
   runs only while it holds the engine.
-- **Release and expiry.** A run releases the engine when its last turns are back (`release`); a
+- **Release and expiry.** A run releases the engine when its last turns are back (`Released`); a
   holding run past its (shifted) deadline plus `lease_s`, or a reserve run with no open turn and
-  no sign of life for `lease_s`, gives its claim up (`expire`).
+  no sign of life for `lease_s`, gives its claim up at the next `Tick`.
 """
 
 from __future__ import annotations
@@ -36,18 +37,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..domain.deliberation import Claim
 from ..domain.models import TurnKind
 
 AFFINITY_WINDOW_S = 1.0  # deadlines this close count as one when a turn may go to its slot first
 Conversation = tuple[str, str]  # (task id, agent id): the prompt prefix a slot may hold
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A run's claim on the engine: its council uses `size` slots at once."""
-
-    run_id: str
-    size: int
 
 
 @dataclass(frozen=True)
@@ -86,6 +80,79 @@ class TakeBack:
 
 
 Decision = Grant | Refusal | TakeBack
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """Turns a run handed the queue, with its claim (None: served like a holder's). `deadline`:
+    the latest of the batch's, a resubmission the queue already holds included (not in `turns`)."""
+
+    turns: tuple[TurnSpec, ...]
+    claim: Claim | None = None
+    deadline: float = 0.0
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The turn asks for a slot (again, after being taken back)."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """The turn gives up waiting (its deadline, or it was cancelled); a slot granted to it in the
+    same instant goes to the next."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True)
+class Sent:
+    """The granted turn's engine call started: from now on it may be taken back."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The turn's engine call is over; `service_s`: how long it took, if it completed (the pace its
+    kind of turn is expected to keep)."""
+
+    turn_id: str
+    service_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The turn has its result, or was abandoned: its run no longer waits for it."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True)
+class Polled:
+    """The run asked for news: it is alive."""
+
+    run_id: str | None
+
+
+@dataclass(frozen=True)
+class Released:
+    """The run sends no more turns: the engine goes to the reserve."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: runs past their deadline, or in reserve and silent (they died), give up their
+    claims."""
+
+
+Event = Submitted | Waiting | Withdrawn | Sent | Ended | Closed | Polled | Released | Tick
+NOTES = (Submitted, Sent, Closed, Polled)
+"""The events that free no slot and queue no turn: always answered with no decision."""
 
 
 @dataclass
@@ -135,7 +202,40 @@ class Scheduler:
 
     # -- what the actor tells it -----------------------------------------------------------------
 
-    def claim(self, claim: Claim, deadline: float) -> None:
+    def handle(self, event: Event) -> list[Decision]:
+        """What the scheduler decides on `event` (see each event's docstring)."""
+        match event:
+            case Submitted(turns, claim, deadline):
+                if claim is not None:
+                    self._claim(claim, deadline)
+                for spec in turns:
+                    self._add(spec)
+                return []
+            case Waiting(turn_id):
+                return self._wait(turn_id)
+            case Withdrawn(turn_id):
+                return self._withdraw(turn_id)
+            case Sent(turn_id):
+                if (turn := self._turns.get(turn_id)) is not None:
+                    turn.sent_at = self.clock()
+                return []
+            case Ended(turn_id, service_s):
+                return self._ended(turn_id, service_s)
+            case Closed(turn_id):
+                self._close(turn_id)
+                return []
+            case Polled(run_id):
+                if run_id is not None and (run := self._runs.get(run_id)) is not None:
+                    run.active = self.clock()
+                return []
+            case Released(run_id):
+                return self._release(run_id)
+            case Tick():
+                return self._expire()
+
+    # -- the events' handlers ---------------------------------------------------------------------
+
+    def _claim(self, claim: Claim, deadline: float) -> None:
         """A run's turns come with its claim: registered on its first batch (holding the engine if
         its council fits beside the holders'), its latest `deadline` kept."""
         now = self.clock()
@@ -146,14 +246,13 @@ class Scheduler:
         run.deadline = max(run.deadline, deadline)
         run.active = now
 
-    def add(self, spec: TurnSpec) -> None:
+    def _add(self, spec: TurnSpec) -> None:
         """A turn submitted (its run's claim, if any, already made)."""
         if spec.run_id is not None and (run := self._runs.get(spec.run_id)) is not None:
             run.tasks.add(spec.conversation[0])
         self._turns[spec.turn_id] = _Turn(spec)
 
-    def wait(self, turn_id: str) -> list[Decision]:
-        """The turn asks for a slot (again, after being taken back)."""
+    def _wait(self, turn_id: str) -> list[Decision]:
         turn = self._turns[turn_id]
         self._arrivals += 1
         turn.waiting, turn.arrival, turn.taken_back = True, self._arrivals, False
@@ -161,23 +260,14 @@ class Scheduler:
         self.counts["peak_waiting"] = max(self.counts["peak_waiting"], waiting)
         return self._dispatch()
 
-    def withdraw(self, turn_id: str) -> list[Decision]:
-        """The turn gives up waiting (its deadline, or it was cancelled); a slot granted to it in
-        the same instant goes to the next."""
+    def _withdraw(self, turn_id: str) -> list[Decision]:
         turn = self._turns.get(turn_id)
         if turn is None:
             return []
         turn.waiting = False
         return self._free(turn)
 
-    def sent(self, turn_id: str) -> None:
-        """The granted turn's engine call started: from now on it may be taken back."""
-        if (turn := self._turns.get(turn_id)) is not None:
-            turn.sent_at = self.clock()
-
-    def ended(self, turn_id: str, service_s: float | None = None) -> list[Decision]:
-        """The turn's engine call is over; `service_s`: how long it took, if it completed (the
-        pace its kind of turn is expected to keep)."""
+    def _ended(self, turn_id: str, service_s: float | None = None) -> list[Decision]:
         turn = self._turns.get(turn_id)
         if turn is None:
             return []
@@ -187,8 +277,7 @@ class Scheduler:
             self._service_s[kind] = service_s if held is None else 0.7 * held + 0.3 * service_s
         return self._free(turn)
 
-    def close(self, turn_id: str) -> None:
-        """The turn has its result, or was abandoned: its run no longer waits for it."""
+    def _close(self, turn_id: str) -> None:
         turn = self._turns.get(turn_id)
         if turn is None:
             return
@@ -196,19 +285,13 @@ class Scheduler:
         if turn.slot is None:
             del self._turns[turn_id]
 
-    def touch(self, run_id: str | None) -> None:
-        """Its run asked for news: it is alive."""
-        if run_id is not None and (run := self._runs.get(run_id)) is not None:
-            run.active = self.clock()
-
-    def release(self, run_id: str) -> list[Decision]:
-        """The run sends no more turns: the engine goes to the reserve."""
+    def _release(self, run_id: str) -> list[Decision]:
         if self._runs.pop(run_id, None) is None:
             return []
         self._promote()
         return self._dispatch()
 
-    def expire(self) -> list[Decision]:
+    def _expire(self) -> list[Decision]:
         """Gives up the claims of runs past their deadline, or in reserve and silent (they died)."""
         now = self.clock()
         for run in list(self._runs.values()):
@@ -247,11 +330,16 @@ class Scheduler:
         """No turn waits or runs, and no run holds the engine or waits in reserve."""
         return not self._turns and not self._runs
 
+    def occupancy(self) -> tuple[int, int]:
+        """(slots in use, turns waiting for one)."""
+        return self.capacity - len(self._free_slots), sum(t.waiting for t in self._turns.values())
+
     def stats(self) -> dict:
+        running, waiting = self.occupancy()
         return {
             "capacity": self.capacity,
-            "running": self.capacity - len(self._free_slots),
-            "waiting": sum(t.waiting for t in self._turns.values()),
+            "running": running,
+            "waiting": waiting,
             "holding": [r.claim.run_id for r in self._runs.values() if r.holds_since is not None],
             "reserve": [r.claim.run_id for r in self._runs.values() if r.holds_since is None],
             "service_s": {k.value: round(v, 2) for k, v in self._service_s.items()},

@@ -31,7 +31,6 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from .decision import quorum_for
 from .limits import SandboxLimits
 from .models import MAX_RUBRIC_CHARS, AgentSpec, Role, Task, TurnKind
 from .scoring import CODE_ROLES, ScoringWeights
@@ -286,6 +285,12 @@ class Convened(BaseModel):
     file: str | None = Field(default=None, description="The councils file, None: built-in councils.")
     version: str | None = Field(default=None, description="The councils file's version.")
 
+    @property
+    def quorum_size(self) -> int:
+        """Agents with a final proposal a decision needs: `quorum` (at most the council), else a
+        majority."""
+        return min(self.quorum, len(self.agents)) if self.quorum else len(self.agents) // 2 + 1
+
     def summary(self) -> dict:
         """What the UI and `fleet councils show` print of the council."""
         return {
@@ -300,7 +305,7 @@ class Convened(BaseModel):
             "execution_feedback": self.settings.feedback_for(self.task.role),
             "rubric": self.task.constraints.rubric,
             "weights": self.weights.model_dump(),
-            "quorum": quorum_for(len(self.agents), self.quorum),
+            "quorum": self.quorum_size,
             "sandbox": dataclasses.asdict(self.sandbox),
         }
 

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel
 
+from .councils import Convened
+from .deliberation import current_versions
 from .models import AgentSpec, DeliberationStatus, TurnResult, TurnStatus
 from .scoring import ProposalScore
 
@@ -29,12 +31,6 @@ class Decision(BaseModel):
     winner_not_run: list[str] = []  # the winner's checks that could not run (no sandbox), with why
     winner_patch: str = ""  # a repository task: the winning unified diff (full)
     base_commit: str = ""  # a repository task: the commit the patch applies to
-    pushed_branch: str = ""  # the branch `winning_branch` pushed the patch as (events, `fleet run`)
-
-
-def quorum_for(num_agents: int, quorum: int | None = None) -> int:
-    """`quorum` agents when configured (capped at the council size), else a majority."""
-    return min(quorum, num_agents) if quorum else num_agents // 2 + 1
 
 
 def rank(
@@ -66,25 +62,46 @@ def tie_reason(ranking: Sequence[RankedProposal], judge: Mapping[str, float | No
     return f"tie at {ranking[0].score:.3f} not separated by the judge; council order kept ({first} first)"
 
 
-def decide(
-    council: Sequence[AgentSpec],
-    turns: Sequence[TurnResult],
-    finals: Mapping[str, TurnResult],
-    scores: Mapping[str, float],
-    judge: Mapping[str, float | None] | None = None,
-    quorum: int | None = None,
-    not_run: Mapping[str, Sequence[str]] | None = None,
-) -> Decision:
-    """COMPLETED: every agent delivered and no turn failed. PARTIAL: a quorum of agents have a
-    final proposal but some turn failed or timed out. TIMEOUT: no quorum and the deadline cut
-    turns off. FAILED: no quorum otherwise (no usable proposal, or too few). `not_run`: per agent,
-    its checks that could not run (`ProposalScore.not_run`); the winner's are named in the
-    reasons (a winner chosen without its tests says so)."""
-    quorum = quorum_for(len(council), quorum)
-    judge = judge or {}
+_CAUSES = (  # (error types, what a person reads), first match wins
+    (("ContextExceeded",), "the request did not fit the engine's context window"),
+    (("FirstTokenTimeout", "IdleTimeout", "NotStarted"), "timeout: the engine did not answer in time"),
+    (
+        ("APIConnectionError", "ConnectError", "RayActorError", "ActorDiedError", "GetTimeoutError"),
+        "the engine is down or unreachable",
+    ),
+)
+
+
+def failure_cause(turns: Sequence[TurnResult]) -> list[str]:
+    """Why the turns that failed or timed out did, in one line: the most telling cause (the
+    engine's window, a timeout, the engine down, else the first error) with how many turns it
+    ended and the first such turn's message; none when no turn failed."""
+    bad = [t for t in turns if t.status is not TurnStatus.COMPLETED]
+    if not bad:
+        return []
+    said, hit = next(
+        ((said, hit) for kinds, said in _CAUSES if (hit := [t for t in bad if t.error_type in kinds])),
+        (bad[0].error_type or bad[0].status.value, bad),
+    )
+    message = " ".join((hit[0].error or "").split())[:200]
+    return [f"why: {said} ({len(hit)} of {len(turns)} turns)" + (f": {message}" if message else "")]
+
+
+def decide(convened: Convened, turns: Sequence[TurnResult], scores: Sequence[ProposalScore]) -> Decision:
+    """The decision of the council `convened` from its turns (each agent's final proposal is its
+    latest usable version, `current_versions`) and its finals' `scores`. COMPLETED: every agent
+    delivered and no turn failed. PARTIAL: a quorum of agents have a final proposal but some turn
+    failed or timed out. TIMEOUT: no quorum and the deadline cut turns off. FAILED: no quorum
+    otherwise (no usable proposal, or too few). The winner's checks that could not run
+    (`ProposalScore.not_run`) are named in the reasons (a winner chosen without its tests says so)."""
+    council = convened.agents
+    quorum = convened.quorum_size
+    finals = current_versions(turns)
+    by_agent = {s.agent_id: s for s in scores}
+    judge = {a: s.value("judge") for a, s in by_agent.items()}
     failed = sorted({t.agent_id for t in turns if t.status is TurnStatus.FAILED})
     timed_out = sorted({t.agent_id for t in turns if t.status is TurnStatus.TIMEOUT})
-    ranking = rank({a: s for a, s in scores.items() if a in finals}, council, judge)
+    ranking = rank({a: s.score for a, s in by_agent.items() if a in finals}, council, judge)
     usable = len(finals)
     reasons: list[str] = []
     if usable == len(council) and not failed and not timed_out:
@@ -98,8 +115,10 @@ def decide(
     elif timed_out:
         status = DeliberationStatus.TIMEOUT
         reasons.append(f"deadline hit with {usable}/{len(council)} proposals (quorum {quorum})")
+        reasons.extend(failure_cause(turns))
     else:
         status = DeliberationStatus.FAILED
+        reasons.extend(failure_cause(turns))
         reasons.append(f"only {usable}/{len(council)} agents produced a proposal (quorum {quorum})")
 
     winner_id = None
@@ -111,7 +130,7 @@ def decide(
         tie = tie_reason(ranking, judge)
         if tie:
             reasons.insert(1, tie)
-        winner_not_run = list((not_run or {}).get(winner_id, ()))
+        winner_not_run = by_agent[winner_id].not_run()
         if winner_not_run:
             reasons.insert(
                 1, f"{winner_id} chosen without checks that could not run: {'; '.join(winner_not_run)}"
@@ -169,6 +188,8 @@ def repository_verdict(
             f"{decision.winner_id}'s tests result is forgeable (it ran in the process of the code it "
             f"judges), so it does not count as passing: {tests.evidence}"
         )
+    elif tests is not None and tests.value == 1.0 and winner in passing:
+        reasons.append(f"{decision.winner_id}'s tests pass on this evidence: {tests.evidence}")
     unchecked = winner is not None and winner not in checked  # no sandbox: kept, the reasons say so
     kept = patch if winner is not None and (winner.value("patch_applies") == 1.0 or unchecked) else ""
     return decision.model_copy(update={"reasons": reasons, "winner_patch": kept, "base_commit": base_commit})

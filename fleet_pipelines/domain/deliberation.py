@@ -29,6 +29,15 @@ OnResult = Callable[[TurnResult], None]
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A run's claim on its engine, for a runner with admission (dispatch/scheduler.py): its
+    council uses `size` slots at once."""
+
+    run_id: str
+    size: int
+
+
+@dataclass(frozen=True)
 class TurnContext:
     """What a run's batches of turns run under, besides the requests: its deadline, its engine,
     its live progress and its claim on the engine. A `TurnRunner` is a runner bound to one."""
@@ -41,9 +50,9 @@ class TurnContext:
     """Sees each turn's text as it streams: (request, chunk index, text, pieces of text in it)."""
     on_result: OnResult | None = None
     """Sees each turn's result as soon as the turn ends."""
-    claim: tuple[str, int] | None = None
-    """(run id, council size): the run's claim on the engine, for a runner with admission
-    (dispatch/admission.py); other runners ignore it."""
+    claim: Claim | None = None
+    """The run's claim on the engine, for a runner with admission (dispatch/admission.py); other
+    runners ignore it."""
 
 
 CodeChecker = Callable[[Task, str], list[CheckResult]]

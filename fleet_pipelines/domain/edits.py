@@ -78,14 +78,16 @@ def edits_from_json(data: object) -> tuple[list[Edit], str]:
     items = data.get("edits", [data]) if isinstance(data, dict) else data
     if not isinstance(items, list):
         return [], "`edits` must be a list of {path, search, replace} objects"
-    edits = []
+    edits: list[Edit] = []
     for number, item in enumerate(items, start=1):
         try:
-            edits.append(Edit.model_validate(item))
+            edit = Edit.model_validate(item)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             return [], f"edit {number}: {where or 'edit'}: {first['msg']}"
+        if edit not in edits:  # a small model repeats an edit: the repeat would no longer match
+            edits.append(edit)
     return edits, ""
 
 
@@ -206,14 +208,21 @@ def unified_diff(before: Mapping[str, str], after: Mapping[str, str]) -> tuple[s
     return "".join(parts), changed
 
 
-def edit_schema(files: Mapping[str, str]) -> dict:
-    """The JSON schema of one edit on `files` (the first MAX_SCHEMA_FILES): per file, `path` that
-    file and `search` one of its lines (whole, as in the file), so an edit decoded under it always
-    matches; beyond MAX_ENUM_LINES lines in all, a file's `search` is any text (checked when
-    applied)."""
+def found_once(text: str, search: str) -> bool:
+    """Whether an edit searching `search` in `text` applies (`apply_edits`: found once)."""
+    return not isinstance(_find(text, search), str)
+
+
+def edit_schema(files: Mapping[str, str | Sequence[str]]) -> dict:
+    """The JSON schema of one edit on `files` (the first MAX_SCHEMA_FILES; path -> its text, or
+    the search texts an edit may take there, as `repomap.focus` gives them): per file, `path` that
+    file and `search` one of its lines (whole, as in the file) or of those texts, so an edit
+    decoded under it always matches; beyond MAX_ENUM_LINES options in all, a file's `search` is
+    any text (checked when applied)."""
     options, listed = [], 0
     for path, text in list(files.items())[:MAX_SCHEMA_FILES]:
-        lines = list(dict.fromkeys(x.rstrip("\n") for x in text.splitlines() if x.strip()))
+        given = text.splitlines() if isinstance(text, str) else text
+        lines = list(dict.fromkeys(x.rstrip("\n") for x in given if x.strip()))
         search: dict = {"type": "string", "minLength": 1, "maxLength": MAX_REPLACE_CHARS}
         if lines and listed + len(lines) <= MAX_ENUM_LINES:
             search = {"enum": lines}
@@ -233,7 +242,7 @@ def edit_schema(files: Mapping[str, str]) -> dict:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def answer_schema(files: Mapping[str, str]) -> dict:
+def answer_schema(files: Mapping[str, str | Sequence[str]]) -> dict:
     """The JSON schema of a proposal's answer on `files`: its edits, then a short rationale."""
     return {
         "type": "object",

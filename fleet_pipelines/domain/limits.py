@@ -1,6 +1,6 @@
 """The limits of one sandboxed run, in the standard library only: the sandbox
 (`fleet_pipelines.sandbox`) imports this module and nothing else of the package, so a copy of the
-two runs as any user (tests/integration/test_sandbox_hostile.py runs it as uid 65534)."""
+two runs as any user (tests/integration/test_sandbox_*.py run it as uid 65534)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,7 @@ MAX_METADATA_VALUE_CHARS = 1_000
 MAX_AGENTS = 10
 MAX_ROUNDS = 3
 MAX_TEST_CHARS = 20_000
+MAX_FAIL_TO_PASS = 200  # test ids a repository task names as failing on its base commit
 MAX_EXAMPLES = 32
 MAX_EXAMPLE_CHARS = 1_000
 MAX_STORY_TITLE_CHARS = 256
@@ -84,6 +85,7 @@ TaskId = Annotated[str, StringConstraints(pattern=TASK_ID_PATTERN), AfterValidat
 Requirement = Annotated[str, StringConstraints(min_length=1, max_length=MAX_REQUIREMENT_CHARS)]
 MetadataValue = Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE_CHARS)]
 ExampleExpr = Annotated[str, StringConstraints(min_length=1, max_length=MAX_EXAMPLE_CHARS)]
+TestName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_REQUIREMENT_CHARS)]
 
 
 class TaskExample(BaseModel):
@@ -125,6 +127,14 @@ class Constraints(BaseModel):
         description="Python test code run in the sandbox against the proposal's code: top-level "
         "asserts and/or `test_*` functions; the proposal's names are found in `solution`, except "
         "one named like a builtin (`sorted`), which the tests take `from solution import sorted`.",
+    )
+    fail_to_pass: list[TestName] = Field(
+        default_factory=list,
+        max_length=MAX_FAIL_TO_PASS,
+        description="Repository tasks: tests of the repository that fail on the base commit and that a "
+        "fix must make pass (pytest node ids, or test function names), counted in the score across "
+        "the boundary. Failing tests the description names (`tests/test_calc.py::test_add fails`) "
+        "count the same way; other base failures neither help nor hurt.",
     )
     examples: list[TaskExample] = Field(
         default_factory=list,
@@ -422,6 +432,7 @@ class TurnResult(BaseModel):
     error_type: str | None = None
     tool_steps: list[ToolStep] = Field(default_factory=list)  # the turn's tool calls and results, in order
     engine_calls: int = 1  # engine calls of the turn (1 + one per round of tool calls)
+    largest_prompt: int = 0  # the largest prompt of those calls, in the engine's tokens
     tool_ms: float = 0.0  # sandbox time of the turn's tool calls
 
     @property

@@ -19,9 +19,10 @@ import ast
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .models import Message, Role, Task, TurnResult
 from .sections import PROPOSAL_SECTIONS
@@ -59,35 +60,88 @@ _SECTION_KEYWORDS = {
 COVERAGE_THRESHOLD = 0.6
 
 
-class ScoringWeights(BaseModel):
-    """Relative weights of the checks; only the checks that apply to a proposal are averaged,
-    so a check that does not apply (no tests given, no Python code) neither helps nor hurts."""
+@dataclass(frozen=True)
+class Check:
+    """One line of `CHECKS`: a check's name (its `CheckResult.name`), its default weight, whether
+    it gates the winner (`gate_failures`) and what it measures (the weight's description)."""
 
-    model_config = ConfigDict(frozen=True)
+    name: str
+    weight: float
+    gates: bool
+    measures: str
 
-    code_present: float = Field(default=0.05, ge=0, description="Fenced code blocks present.")
-    code_parses: float = Field(default=0.20, ge=0, description="Share of checkable blocks that parse.")
-    lint: float = Field(default=0.10, ge=0, description="ruff on the extracted Python: 1 - 0.2 per issue.")
-    tests: float = Field(default=0.35, ge=0, description="Share of the task's tests passed in the sandbox.")
-    runs: float = Field(
-        default=0.15,
-        ge=0,
-        description="The code can run: no undefined names or redefinitions, and it imports in the sandbox.",
-    )
-    requirement_coverage: float = Field(default=0.15, ge=0, description="Share of requirements met.")
-    sections: float = Field(default=0.05, ge=0, description="Share of requested sections addressed.")
-    judge: float = Field(default=0.10, ge=0, description="LLM judge's rubric score / 10.")
-    patch_applies: float = Field(
-        default=0.10,
-        ge=0,
-        description="A repository task's patch applies (`git apply --check`) to its commit.",
-    )
-    patch_scope: float = Field(
-        default=0.10,
-        ge=0,
-        description="A repository task's patch leaves alone what judges it: tests, conftest.py, pytest "
+
+class UnknownCheck(LookupError):
+    """A check named that is no line of the table."""
+
+
+# Every scoring check, once. The weights (`ScoringWeights`, the councils file, the UI's config)
+# and the gate (`GATE_CHECKS`, in table order) are derived from it; a module that produces a
+# check names it with `check_named`, so a name the table lacks fails at import.
+CHECKS: tuple[Check, ...] = (
+    Check("code_present", 0.05, False, "Fenced code blocks present."),
+    Check("code_parses", 0.20, True, "Share of checkable blocks that parse."),
+    Check("lint", 0.10, False, "ruff on the extracted Python: 1 - 0.2 per issue."),
+    Check(
+        "runs",
+        0.15,
+        True,
+        "The code can run: no undefined names or redefinitions, and it imports in the sandbox.",
+    ),
+    Check(
+        "patch_applies",
+        0.10,
+        True,
+        "A repository task's patch applies (`git apply --check`) to its commit.",
+    ),
+    Check("tests", 0.35, True, "Share of the task's tests passed in the sandbox."),
+    Check("requirement_coverage", 0.15, False, "Share of requirements met."),
+    Check("sections", 0.05, False, "Share of requested sections addressed."),
+    Check("judge", 0.10, False, "LLM judge's rubric score / 10."),
+    Check(
+        "patch_scope",
+        0.10,
+        False,
+        "A repository task's patch leaves alone what judges it: tests, conftest.py, pytest "
         "configuration, plugin entry points, standard-library names (0 when it touches any).",
+    ),
+)
+
+
+def check_named(name: str, checks: Sequence[Check] = CHECKS) -> str:
+    """`name`, a line of the table; `UnknownCheck` otherwise (at import, where a module names
+    the checks it produces)."""
+    if not any(c.name == name for c in checks):
+        raise UnknownCheck(f"no scoring check {name!r} in the table (domain/scoring.py CHECKS)")
+    return name
+
+
+def weights_model(checks: Sequence[Check] = CHECKS) -> type[BaseModel]:
+    """The weights' model: one field per check, its default weight and what it measures."""
+    names = [c.name for c in checks]
+    if duplicated := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"scoring checks named twice: {duplicated}")
+    return create_model(
+        "ScoringWeights",
+        __config__=ConfigDict(frozen=True),
+        __doc__="Relative weights of the checks; only the checks that apply to a proposal are "
+        "averaged, so a check that does not apply (no tests given, no Python code) neither helps "
+        "nor hurts.",
+        __module__=__name__,
+        **{c.name: (float, Field(default=c.weight, ge=0, description=c.measures)) for c in checks},
     )
+
+
+def gates_of(checks: Sequence[Check] = CHECKS) -> tuple[str, ...]:
+    """The checks that gate the winner, in table order (`gate_failures` reports them so)."""
+    return tuple(c.name for c in checks if c.gates)
+
+
+ScoringWeights = weights_model()
+GATE_CHECKS = gates_of()
+CODE_PRESENT, CODE_PARSES, REQUIREMENT_COVERAGE, SECTIONS = (
+    check_named(n) for n in ("code_present", "code_parses", "requirement_coverage", "sections")
+)
 
 
 class CodeBlock(BaseModel):
@@ -131,15 +185,12 @@ class ProposalScore(BaseModel):
         return [f"{c.name} not run: {c.evidence}" for c in self.checks if c.not_run]
 
 
-GATE_CHECKS = ("code_parses", "runs", "patch_applies", "tests")
-
-
-def gate_failures(score: ProposalScore) -> list[str]:
+def gate_failures(score: ProposalScore, gates: Sequence[str] = GATE_CHECKS) -> list[str]:
     """Why a proposal does not pass its hard checks: code that must parse, run and pass its tests.
     A check that could not run (tests not run: no isolation) is a failure here, not a pass, and so
     is one whose result the judged code could have written (`forgeable`)."""
     failures = []
-    for name in GATE_CHECKS:
+    for name in gates:
         check = score.check(name)
         if check is None:
             continue
@@ -318,7 +369,7 @@ def score_proposal(
     if task.role in CODE_ROLES:
         checks.append(
             CheckResult(
-                name="code_present",
+                name=CODE_PRESENT,
                 value=1.0 if blocks else 0.0,
                 evidence=f"{len(blocks)} fenced code block(s)",
             )
@@ -328,7 +379,7 @@ def score_proposal(
     checkable = [(b, ok, why) for b, ok, why in parsed if ok is not None]
     checks.append(
         CheckResult(
-            name="code_parses",
+            name=CODE_PARSES,
             value=(sum(ok for _, ok, _ in checkable) / len(checkable)) if checkable else None,
             evidence="; ".join(why for _, _, why in parsed) or "no code blocks",
         )
@@ -338,7 +389,7 @@ def score_proposal(
     met = sum(v.met for v in verdicts)
     checks.append(
         CheckResult(
-            name="requirement_coverage",
+            name=REQUIREMENT_COVERAGE,
             value=(met / len(verdicts)) if verdicts else None,
             evidence=f"{met}/{len(verdicts)} requirements met" if verdicts else "no requirements given",
         )
@@ -348,7 +399,7 @@ def score_proposal(
     found = [s for s, keys in _SECTION_KEYWORDS.items() if any(k in lowered for k in keys)]
     checks.append(
         CheckResult(
-            name="sections",
+            name=SECTIONS,
             value=len(found) / len(_SECTION_KEYWORDS),
             evidence=f"sections addressed: {', '.join(found) or 'none'}",
         )

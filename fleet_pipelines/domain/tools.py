@@ -18,18 +18,26 @@ calls, completion tokens, seconds) is spent; then the last reply stands.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .repomap import find_symbol, numbered, symbols
+
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
-MAX_TOOL_OUTPUT_CHARS = 4_000
+MAX_TOOL_OUTPUT_CHARS = 3_000  # a tool's output beyond this is cut: its head and tail, and a note
+READ_WINDOW_LINES = 60  # lines a read shows when it names no end
+MAX_SYMBOL_LINES = 150  # lines a read by symbol shows at most
+MAX_SEARCH_HITS = 20
+MAX_LISTED_FILES = 100
+MIN_REPLY_TOKENS = 32  # a request that leaves less of the engine's window for its reply is not sent
 ToolProtocol = Literal["text", "openai", "json"]
 JSON_TOOLS = ("read_file", "search_text")  # what a `json` turn may call (the answer carries the edits)
 
@@ -63,10 +71,12 @@ TOOLS: tuple[ToolSpec, ...] = (
     ),
     ToolSpec(
         name="read_file",
-        description="Read a file of the repository, or a range of its lines (numbered).",
+        description="Read lines of a file of the repository (numbered; 60 from start_line unless "
+        "end_line says), or one function or class of it by name (symbol).",
         parameters=_object(
             {
                 "path": {"type": "string"},
+                "symbol": {"type": "string", "description": "A function or class name, optional."},
                 "start_line": {"type": "integer", "minimum": 1},
                 "end_line": {"type": "integer", "minimum": 1},
             },
@@ -169,7 +179,8 @@ def render_call(name: str, arguments: str | dict, call_id: str = "") -> str:
 
 def json_call_schema(files: Mapping[str, str], read: frozenset[str] = frozenset()) -> list[dict]:
     """The JSON schemas of a `json` turn's tool calls: `read_file` of one of `files` not `read`
-    yet (a small model reads one file again and again), `search_text`."""
+    whole yet (a small model reads one file again and again), by symbol or from a line, and
+    `search_text`."""
     paths = [p for p in files if p not in read]
     reads = [
         {
@@ -178,7 +189,11 @@ def json_call_schema(files: Mapping[str, str], read: frozenset[str] = frozenset(
                 "tool": {"const": "read_file"},
                 "arguments": {
                     "type": "object",
-                    "properties": {"path": {"enum": paths}},
+                    "properties": {
+                        "path": {"enum": paths},
+                        "symbol": {"type": "string", "minLength": 1, "maxLength": 80},
+                        "start_line": {"type": "integer", "minimum": 1},
+                    },
                     "required": ["path"],
                     "additionalProperties": False,
                 },
@@ -212,6 +227,9 @@ def parse_json_reply(reply: str) -> tuple[ParsedCall | None, dict | None, str]:
     try:
         data = json.loads(reply)
     except json.JSONDecodeError as exc:
+        kept = complete_edits(reply)
+        if kept:
+            return None, {"edits": kept, "rationale": ""}, ""
         return None, None, f"the reply is not one JSON object ({exc.msg}); it may have been cut off"
     if not isinstance(data, dict):
         return None, None, "the reply must be one JSON object"
@@ -219,6 +237,27 @@ def parse_json_reply(reply: str) -> tuple[ParsedCall | None, dict | None, str]:
         [call] = parse_tool_calls(f"{TOOL_CALL_OPEN}{reply}{TOOL_CALL_CLOSE}")
         return call, None, ""
     return None, data, ""
+
+
+_EDITS_OPEN = re.compile(r'^\s*\{\s*"edits"\s*:\s*\[')
+
+
+def complete_edits(reply: str) -> list[dict]:
+    """The edit objects an answer cut off by its token limit wrote whole, in order (the schema
+    puts the edits first, so a cut reply still holds them): none when it is not such an answer."""
+    opened = _EDITS_OPEN.match(reply)
+    if not opened:
+        return []
+    decoder, at, kept = json.JSONDecoder(), opened.end(), []
+    while True:
+        at = len(reply) - len(reply[at:].lstrip(" \t\r\n,"))
+        try:
+            item, at = decoder.raw_decode(reply, at)
+        except json.JSONDecodeError:
+            return kept
+        if not isinstance(item, dict):
+            return kept
+        kept.append(item)
 
 
 EDIT_EXAMPLE = "app.py\n<<<<<<< SEARCH\n    return x\n=======\n    return x + 1\n>>>>>>> REPLACE"
@@ -233,7 +272,7 @@ def tools_instruction(protocol: ToolProtocol = "text") -> str:
             "To answer, give your edits: each names a file, one of its lines exactly as written "
             "(search) and the line(s) replacing it: "
             '{"edits": [{"path": "app.py", "search": "    return x", "replace": "    return x + 1"}], '
-            '"rationale": "why"}.'
+            '"rationale": "the test expects x + 1"}.'
         )
     answer = (
         "When you are done, answer with no tool call: give each change as a search/replace block, "
@@ -275,10 +314,95 @@ def results_message(steps: list[ToolStep], budget_left: int) -> str:
             if step.parsed
             else f"unparsed call {step.text[:200]!r}"
         )
-        parts.append(f"Result of {head}:\n{step.output[:MAX_TOOL_OUTPUT_CHARS]}")
+        parts.append(f"Result of {head}:\n{page(step.output)}")
     tail = (
         f"You may make {budget_left} more tool call(s)."
         if budget_left > 0
         else "The tool budget is spent: give your final answer now, without tool calls."
     )
     return "\n\n".join(parts) + "\n\n" + tail
+
+
+def page(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> str:
+    """`text` within `limit` characters: whole, else its first two thirds and last third of
+    lines with a note of how many lines were left out between them."""
+    if len(text) <= limit:
+        return text
+    lines = text.splitlines()
+    head, tail, size = [], [], 0
+    for line in lines:
+        if size + len(line) + 1 > (2 * limit) // 3:
+            break
+        head.append(line)
+        size += len(line) + 1
+    for line in reversed(lines[len(head) :]):
+        if size + len(line) + 1 > limit - 80:
+            break
+        tail.insert(0, line)
+        size += len(line) + 1
+    left = len(lines) - len(head) - len(tail)
+    if not head and not tail:  # one long line
+        return text[: limit - 80] + f"\n[... {len(text) - limit + 80} characters left out]"
+    note = f"[... {left} lines left out: ask for a narrower range or a longer search text ...]"
+    return "\n".join([*head, note, *tail])
+
+
+def read_text(texts: Mapping[str, str], arguments: Mapping) -> str:
+    """`read_file` on the checkout's texts: a function or class by `symbol`, else lines from
+    `start_line` (1) to `end_line` (READ_WINDOW_LINES on), numbered, with where the file goes on."""
+    path = str(arguments.get("path", "")).strip().removeprefix("./")
+    if path not in texts:
+        return f"error: no text file {path!r} in the repository (list_files shows them)"
+    text = texts[path]
+    total = len(text.splitlines())
+    name = str(arguments.get("symbol") or "").strip()
+    if name:
+        symbol = find_symbol(path, text, name)
+        if symbol is None:
+            names = sorted({s.name for s in symbols(path, text)})
+            close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+            hint = f" (close: {', '.join(close)})" if close else ""
+            return f"error: no function or class {name!r} in {path}{hint}; search_text finds where a name is"
+        last = min(symbol.last, symbol.first + MAX_SYMBOL_LINES - 1)
+        more = f"\n({symbol.name} goes on to line {symbol.last})" if last < symbol.last else ""
+        return numbered(text, symbol.first, last) + more
+    try:
+        start = max(1, int(arguments.get("start_line") or 1))
+        end = int(arguments.get("end_line") or start + READ_WINDOW_LINES - 1)
+    except (TypeError, ValueError):
+        return "error: start_line and end_line are line numbers"
+    end = min(total, max(start, end), start + 2 * READ_WINDOW_LINES - 1)
+    if start > total:
+        return f"error: {path} has {total} lines"
+    more = f"\n(lines {start}-{end} of {total}; read on with start_line, or a function by symbol)"
+    return numbered(text, start, end) + (more if end < total or start > 1 else "")
+
+
+def search_texts(texts: Mapping[str, str], arguments: Mapping) -> str:
+    """`search_text` on the checkout's texts: `path:line: text` of the first MAX_SEARCH_HITS
+    matching lines (code before tests), with how many more there are."""
+    needle = str(arguments.get("text", ""))
+    if not needle.strip():
+        return "error: search for a non-empty text"
+    hits = []
+    for path, text in texts.items():
+        for number, line in enumerate(text.splitlines(), 1):
+            if needle in line:
+                hits.append(f"{path}:{number}: {line.strip()[:160]}")
+    if not hits:
+        return f"no match for {needle!r}"
+    more = len(hits) - MAX_SEARCH_HITS
+    return "\n".join(hits[:MAX_SEARCH_HITS]) + (
+        f"\n({more} more matches not shown: search a longer text)" if more > 0 else ""
+    )
+
+
+def list_paths(paths: Sequence[str], arguments: Mapping) -> str:
+    """`list_files` on the index: the files under a folder, at most MAX_LISTED_FILES."""
+    folder = str(arguments.get("path") or "").strip().strip("/").removeprefix("./")
+    folder = "" if folder == "." else folder
+    under = [p for p in paths if not folder or p.startswith(folder + "/")]
+    if not under:
+        return f"error: no files under {folder!r}"
+    more = len(under) - MAX_LISTED_FILES
+    return "\n".join(under[:MAX_LISTED_FILES]) + (f"\n({more} more files)" if more > 0 else "")

@@ -7,6 +7,8 @@ Pure: what `fleet_pipelines.workspace` (git, the sandbox) produces and what scor
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Literal
 
@@ -40,6 +42,14 @@ _LANGUAGES = {
     ".html": "html",
     ".css": "css",
 }
+
+
+def excerpt(text: str, limit: int = 1_500) -> str:
+    """`text` within `limit` characters: whole, else its head and its tail (where a failure's
+    cause and its last frames are) around a cut mark."""
+    if len(text) <= limit:
+        return text
+    return text[: limit // 3] + "\n...\n" + text[-(2 * limit) // 3 :]
 
 
 def language_of(path: str) -> str:
@@ -78,10 +88,29 @@ class TestEvidence(BaseModel):
     forgeable: bool = False  # ran in the code under test's own process: it could write the result
     cannot_cross: list[str] = Field(
         default_factory=list,
-        description="Counted tests that need objects of the code under test (found on the base "
-        "commit): they cannot run across the boundary and count as not passed.",
+        description="Tests that need objects of the code under test (found on the base commit): "
+        "they cannot be judged across the boundary, and are listed and left out.",
     )
-    not_counted: int = 0  # tests reported that are not the base commit's (the patch's own)
+    not_counted: int = 0  # failing, skipped or xfailed on the base, or not the base's (the patch's own)
+    flaky: list[str] = Field(
+        default_factory=list, description="Outcome differed between two base runs: listed, left out."
+    )
+    contradicted: list[str] = Field(
+        default_factory=list,
+        description="Sampled tests the plain report says passed and the boundary failed: that report "
+        "is not trusted.",
+    )
+    rests_on: str = ""  # what kind of evidence the counts rest on, in words
+    base_failing: int = 0  # the base's failing tests, re-run across the boundary (not counted)
+    base_failing_passed: int = 0  # of those, how many pass across the boundary after the patch
+    fail_to_pass: int = 0  # of the base's failing tests, those the task names: counted
+    fail_to_pass_passed: int = 0  # of those, how many pass across the boundary after the patch
+    executed: dict[str, dict[str, list[tuple[int, int]]]] = Field(
+        default_factory=dict,
+        description="The code's lines each failing test executed on this commit (test id -> path -> "
+        "ranges, first to last), traced in the sandbox (at most 10 tests; bounded: "
+        "repomap.executed_ranges).",
+    )
 
     @property
     def total(self) -> int:
@@ -184,6 +213,62 @@ def changed_paths(patch: str) -> list[str]:
     return list(seen)
 
 
+def doctest_edits(patch: str) -> list[str]:
+    """The Python files whose doctest examples a unified diff changes: a removed or added line of
+    an example (`>>>`, its `...` lines and its expected output up to a blank line or the
+    docstring's end) on that side of a hunk. Doctest text is the tests' (it is judged from the
+    base commit), so editing it is editing a test."""
+    found: dict[str, None] = {}
+    path = ""
+    in_example = {"-": False, "+": False}
+    for line in patch.splitlines():
+        if line.startswith("+++ "):
+            path = _PATCH_PATH.match(line).group(1) if _PATCH_PATH.match(line) else ""
+            continue
+        if line.startswith(("--- ", "diff ", "index ")):
+            continue
+        if line.startswith("@@"):
+            in_example = {"-": False, "+": False}
+            continue
+        if not line or line[0] not in " -+":
+            continue
+        sides = "-+" if line[0] == " " else line[0]
+        text = line[1:].strip()
+        for side in sides:
+            if text.startswith(">>>"):
+                in_example[side] = True
+            elif not text or '"""' in text or "'''" in text:  # a blank line, the docstring's end
+                in_example[side] = False
+            if line[0] == side and in_example[side] and path.endswith(".py"):
+                found[path] = None
+    return list(found)
+
+
+@dataclass(frozen=True)
+class FailToPass:
+    """What a task says of the base's failing tests: its text and its `fail_to_pass` names. The
+    failing tests it names are its fail-to-pass tests (SWE-bench's FAIL_TO_PASS), counted like the
+    pass-to-pass ones; the base's other failures neither help nor hurt."""
+
+    text: str = ""
+    names: tuple[str, ...] = ()
+
+    def among(self, failing: Iterable[str]) -> list[str]:
+        """The failing test ids named: whole (with or without parameters) in the text or the names,
+        or by their test function or class, as a word of the text or a name (`test_underscore`
+        names every failing `test_inflection.py::test_underscore[...]`, `ChunkedEvenTests` every
+        failing test of that class)."""
+        given = set(self.names)
+        named = []
+        for test_id in failing:
+            bare = test_id.split("[", 1)[0]
+            parts = bare.split("::")[1:]  # the class(es) and the function, not the file
+            words = any(re.search(rf"(?<![\w.]){re.escape(p)}(?!\w)", self.text) for p in parts)
+            if given & {test_id, bare, *parts} or test_id in self.text or words:
+                named.append(test_id)
+        return named
+
+
 def is_test_path(path: str) -> bool:
     name = PurePosixPath(path).name
     return name.startswith("test_") or name.endswith("_test.py") or "tests" in PurePosixPath(path).parts
@@ -194,13 +279,21 @@ RUNNER_MODULES = frozenset({"sitecustomize", "usercustomize", "pytest", "_pytest
 
 
 def patch_flags(
-    paths: list[str], subdir: str, stdlib: frozenset[str], pytest_config: list[str] = ()
+    paths: list[str],
+    subdir: str,
+    stdlib: frozenset[str],
+    pytest_config: list[str] = (),
+    test_side: Collection[str] = (),
+    doctests: Collection[str] = (),
 ) -> list[str]:
     """Why each path a patch changes can change how the patch is judged (empty: none can):
     test files, conftest.py, pytest configuration (`pytest_config`: the configuration files whose
     pytest sections changed), plugin entry points and site configuration (*.dist-info,
     *.egg-info, entry_points.txt, *.pth), modules named like the standard library's or the test
-    runner's at a source root (the project root or its src/)."""
+    runner's at a source root (the project root or its src/). `test_side`: the paths of the
+    modules the base commit's tests take from the base (their folders' helpers, modules only
+    tests import), and `doctests`: the files whose doctest examples changed (`doctest_edits`),
+    flagged as test files."""
     flags = []
     root = PurePosixPath(subdir) if subdir else None
     for path in paths:
@@ -214,7 +307,7 @@ def patch_flags(
             flags.append(f"{path}: conftest.py")
         elif path in pytest_config:
             flags.append(f"{path}: pytest configuration")
-        elif is_test_path(path):
+        elif is_test_path(path) or path in test_side or path in doctests:
             flags.append(f"{path}: test file")
         else:
             inside = parts
@@ -245,9 +338,9 @@ def bounded_patch(patch: str, limit: int = INLINE_PATCH_CHARS) -> tuple[str, boo
     return patch[: cut + 1 if cut > 0 else limit], True
 
 
-def workspace_view(workspace: Workspace, contents: dict[str, str], max_chars: int = 8_000) -> str:
-    """The repository as the prompts show it: commit, test command and baseline result, the file
-    list, then the `contents` given (path -> text), each whole or left out, within `max_chars`."""
+def workspace_view(workspace: Workspace, repository_map: str) -> str:
+    """The repository as the prompts show it: commit, test command and baseline result (the
+    failing tests and the first failure), then the repository map (`domain.repomap`)."""
     lines = [f"Repository {workspace.url} at commit {workspace.commit[:12]} ({workspace.ref})."]
     lines.append(f"Test command: {workspace.test_command}")
     base = workspace.baseline
@@ -257,13 +350,6 @@ def workspace_view(workspace: Workspace, contents: dict[str, str], max_chars: in
         if base.failing:
             lines.append("Failing: " + ", ".join(base.failing[:10]))
         if base.first_failure:
-            lines.append(f"First failure:\n{base.first_failure[:1_200]}")
-    listed = [f.path for f in workspace.files[:200]]
-    lines.append(f"Files ({workspace.file_count}):\n" + "\n".join(listed))
-    text = "\n".join(lines)
-    for path, body in contents.items():
-        block = f"\n\n--- {path} ---\n{body}"
-        if len(text) + len(block) > max_chars:
-            continue
-        text += block
-    return text
+            lines.append(f"First failure:\n{base.first_failure[:800]}")
+    lines.append(repository_map)
+    return "\n".join(lines)

@@ -15,8 +15,8 @@ from pathlib import Path
 from ..domain.models import Constraints, RepoSpec, Task, TurnResult
 from ..domain.scoring import ScoringWeights, score_proposal
 from ..domain.workspace import PatchEvidence, Workspace, extract_patch
+from ..scoring.patch import patch_checker
 from ..workspace.checkout import make_writable
-from ..workspace.checks import patch_checker
 from ..workspace.prepare import prepare_workspace
 from ..workspace.runs import RepoRunLimits, score_patch
 from ..workspace.view import prompt_view
@@ -61,8 +61,9 @@ def repo_task(
 
 def patch_candidate(agent_id: str, evidence: PatchEvidence) -> ev.Candidate:
     """A scored patch as a candidate. The selector's key (`examples_passed`) counts the base
-    commit's tests that passed across the boundary (never the patch's own, never an in-process
-    result); the verdict needs every counted visible and hidden test to pass across it."""
+    commit's pass-to-pass tests that still pass and its failing tests that pass across the
+    boundary now (never the patch's own, never an in-process result); the verdict needs every
+    counted visible and hidden test to pass."""
     visible, hidden = evidence.tests, evidence.hidden
     verified = visible is not None and visible.counted and not visible.forgeable
     passed = bool(evidence.applies and hidden and hidden.counted and hidden.status == "passed")
@@ -70,8 +71,8 @@ def patch_candidate(agent_id: str, evidence: PatchEvidence) -> ev.Candidate:
     return ev.Candidate(
         agent_id=agent_id,
         has_code=True,
-        examples_passed=visible.passed if verified else 0,
-        examples_total=visible.total if verified else 0,
+        examples_passed=visible.passed + visible.base_failing_passed if verified else 0,
+        examples_total=visible.total + visible.base_failing if verified else 0,
         passed=passed,
         hidden_status="passed" if passed else ("no_apply" if not evidence.applies else "failed"),
     )

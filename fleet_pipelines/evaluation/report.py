@@ -9,11 +9,15 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import dagster as dg
 import pandas as pd
 
 from . import arms as ev
+
+if TYPE_CHECKING:
+    from .config import EvaluationConfig
 
 SUMMARY_COLUMNS = [
     "split",
@@ -208,6 +212,14 @@ class EvaluationRun:
     rounds: int
     max_tokens: int
     resamples: int  # bootstrap resamples of the paired comparisons
+
+    @classmethod
+    def of(cls, config: EvaluationConfig, partition: str, suite_label: str, model: str) -> EvaluationRun:
+        """What `config` runs on `partition`."""
+        shape = config.model_dump(include={"suite", "num_agents", "rounds", "max_tokens"})
+        return cls(
+            partition, suite_label=suite_label, model=model, resamples=config.bootstrap_resamples, **shape
+        )
 
 
 PAIRS = (

@@ -40,7 +40,7 @@ from ..domain.models import (
 )
 from ..domain.scoring import CheckResult, score_proposal
 from ..sandbox import run_tests
-from ..scoring.checks import execution_checks
+from ..scoring.code import execution_checks
 from ..workspace.runs import RepoRunLimits
 from . import arms as ev
 from .settings import EvaluationSettings

@@ -186,6 +186,7 @@ class DeliberationOutcome(BaseModel):
     reasons: list[str] = Field(default_factory=list, description="Why this status and winner.")
     duration_ms: float = Field(description="Run start to decision.")
     run_id: str = Field(description="Dagster run id.")
+    role: str | None = Field(default=None, description="The council's role (DEV, QA, …), where known.")
     patch: str | None = Field(
         default=None,
         description="A repository task: the winning unified diff, inline up to 16,000 characters "

@@ -212,7 +212,11 @@ def deliberation_outcome_event(
     )
 
 
-def decision_outcome(task: Task, decision: Decision, run_id: str, duration_ms: float) -> DeliberationOutcome:
+def decision_outcome(
+    task: Task, decision: Decision, run_id: str, duration_ms: float, pushed_branch: str = ""
+) -> DeliberationOutcome:
+    """The decision as `orchestration.deliberation.completed|failed` tells it; a repository task's
+    with its winning patch and the branch `winning_branch` pushed it as."""
     rationale = "; ".join(decision.reasons) or decision.status.value
     return DeliberationOutcome(
         task_id=task.task_id,
@@ -232,11 +236,12 @@ def decision_outcome(task: Task, decision: Decision, run_id: str, duration_ms: f
         reasons=decision.reasons,
         duration_ms=duration_ms,
         run_id=run_id,
-        **_patch_fields(decision),
+        role=task.role.value,
+        **_patch_fields(decision, pushed_branch),
     )
 
 
-def _patch_fields(decision: Decision) -> dict:
+def _patch_fields(decision: Decision, pushed_branch: str) -> dict:
     """A repository task's winning patch as the event carries it: size-bounded inline."""
     if not decision.winner_patch:
         return {}
@@ -246,7 +251,7 @@ def _patch_fields(decision: Decision) -> dict:
         "patch_truncated": truncated,
         "patch_chars": len(decision.winner_patch),
         "base_commit": decision.base_commit or None,
-        "pushed_branch": decision.pushed_branch or None,
+        "pushed_branch": pushed_branch or None,
     }
 
 
@@ -258,10 +263,11 @@ def outcome_events(
     duration_ms: float,
     correlation_id: str | None = None,
     causation_id: str | None = None,
+    pushed_branch: str = "",
 ) -> list[Event]:
     """What a decided run tells: `orchestration.deliberation.completed|failed` and the old
     collector's `deliberation.completed|failed` from the proposals."""
-    outcome = decision_outcome(task, decision, run_id, duration_ms)
+    outcome = decision_outcome(task, decision, run_id, duration_ms, pushed_branch)
     return [
         deliberation_outcome_event(outcome, correlation_id, causation_id),
         collector_event(task, proposals, run_id, duration_ms),

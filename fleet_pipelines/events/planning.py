@@ -33,6 +33,28 @@ class InvalidEvent(ValueError):
     """The message cannot start deliberations; the text says why."""
 
 
+# What a refusal's reason begins with (or holds), as a bounded class: the `reason` label of the
+# refused-plans metric. Anything else names a field the schema refused.
+_REFUSAL_CLASSES = (
+    ("message is ", "too_large"),
+    ("not JSON", "not_json"),
+    ("not a JSON object", "not_json"),
+    ("a string holds a lone", "not_json"),
+    ("invalid envelope", "envelope"),
+    ("event_type ", "event_type"),
+    ("cannot be read", "unreadable"),
+    ("tasks: task ids repeat", "duplicate_tasks"),
+)
+
+
+def refusal_class(reason: str) -> str:
+    """The class of an `InvalidEvent`'s text: too_large, not_json, envelope, event_type,
+    unreadable, duplicate_tasks, unprintable or invalid_field."""
+    if "control or unprintable characters" in reason:
+        return "unprintable"
+    return next((cls for start, cls in _REFUSAL_CLASSES if reason.startswith(start)), "invalid_field")
+
+
 class StreamMessage(BaseModel):
     """A message read from a stream by sequence."""
 

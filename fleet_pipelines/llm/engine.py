@@ -8,6 +8,13 @@ is never cut, except by the deliberation deadline (the caller's). Leaving the st
 (cancelled, abandoned, past the deadline) closes the HTTP response, which makes the engine stop
 generating for it.
 
+Every request fits the engine's window: the window is read from the server (`engine_window`) and
+each request is counted by the server itself (`prompt_tokens`: llama.cpp's `/apply-template` and
+`/tokenize`, vLLM's `/tokenize`), never by another model's tokenizer. A reply is capped to what
+the window leaves; a request that leaves no room for one is not sent (`EngineError` kind
+`ContextExceeded`), and an engine's own refusal for size (llama.cpp's `exceed_context_size_error`,
+vLLM's 400) is reported with the same kind.
+
 Retries (tenacity, exponential backoff) are for errors only: connection refused or reset, and 5xx,
 and only while no token has streamed yet. A 429 ("busy") is never retried: admission is what keeps
 requests off a full engine. A stall (first-token or idle timeout) is not retried either: the
@@ -24,6 +31,7 @@ backoff. A local connection costs far less than a turn.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import urllib.request
@@ -36,7 +44,7 @@ import openai
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..domain.models import Message, TurnRequest
-from ..domain.tools import render_call
+from ..domain.tools import MIN_REPLY_TOKENS, render_call
 from .settings import EngineSettings
 
 OnText = Callable[[str], None]
@@ -58,6 +66,114 @@ def llama_cpp_slots(base_url: str, timeout_s: float = 3.0) -> int | None:
     except (OSError, ValueError):
         return None
     return slots if isinstance(slots, int) and slots > 0 else None
+
+
+def _get_json(url: str, api_key: str | None = None, body: dict | None = None, timeout_s: float = 10.0):
+    """GET (or POST `body` to) `url` and decode the JSON answer; None when it cannot be read."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.load(response)
+    except (OSError, ValueError):
+        return None
+
+
+def engine_window(base_url: str, api_key: str | None = None) -> int | None:
+    """The context window of one request on the server, in tokens, as the server reports it:
+    vLLM's `max_model_len` or llama.cpp's per-slot `n_ctx` (`GET /v1/models`), else llama.cpp's
+    `GET /props` (`default_generation_settings.n_ctx`); None when it reports neither."""
+    models = _get_json(normalize_base_url(base_url) + "/models", api_key) or {}
+    for entry in models.get("data", []) if isinstance(models, dict) else []:
+        size = entry.get("max_model_len") or (entry.get("meta") or {}).get("n_ctx")
+        if isinstance(size, int) and size > 0:
+            return size
+    props = _get_json(normalize_base_url(base_url).removesuffix("/v1") + "/props", api_key) or {}
+    size = (props.get("default_generation_settings") or {}).get("n_ctx") if isinstance(props, dict) else None
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def served(base_url: str, api_key: str | None = None) -> str:
+    """What the server serves, for a person: its slots and each one's window, as it reports them."""
+    window, slots = engine_window(base_url, api_key), llama_cpp_slots(base_url)
+    size = f"{window:,}-token window" if window else "window not reported"
+    return f"{slots} slots, each a {size}" if slots else size
+
+
+def prompt_tokens(
+    base_url: str, messages: list[dict], tools: list[dict], model: str = "", api_key: str | None = None
+) -> int | None:
+    """The prompt tokens of a chat request, counted by the server with its own template and
+    tokenizer: llama.cpp renders it (`POST /apply-template`) and tokenizes the text (`POST
+    /tokenize`); vLLM's server counts chat messages at `POST /tokenize`. None when the server
+    counts neither way."""
+    root = normalize_base_url(base_url).removesuffix("/v1")
+    chat = {"messages": messages, **({"tools": tools} if tools else {})}
+    rendered = _get_json(root + "/apply-template", api_key, chat)
+    if isinstance(rendered, dict) and isinstance(rendered.get("prompt"), str):
+        tokens = _get_json(root + "/tokenize", api_key, {"content": rendered["prompt"], "add_special": True})
+        return len(tokens["tokens"]) if isinstance(tokens, dict) and "tokens" in tokens else None
+    counted = _get_json(root + "/tokenize", api_key, {"model": model, **chat, "add_generation_prompt": True})
+    count = counted.get("count") if isinstance(counted, dict) else None
+    return count if isinstance(count, int) else None
+
+
+@dataclass(frozen=True)
+class EngineMeter:
+    """An HTTP engine's window and its own count of a request (`domain.tool_turns.Meter`)."""
+
+    settings: EngineSettings
+    window: int
+
+    @classmethod
+    def of(cls, settings: EngineSettings) -> EngineMeter | None:
+        """The engine's meter; None when the server does not report its window."""
+        window = engine_window(settings.base_url, _key(settings))
+        return cls(settings, window) if window else None
+
+    def count_call(self, call: ChatCall) -> int | None:
+        return prompt_tokens(
+            self.settings.base_url,
+            [m.wire() for m in call.messages],
+            list(call.tools),
+            self.settings.model,
+            _key(self.settings),
+        )
+
+    def count(self, request: TurnRequest) -> int | None:
+        return self.count_call(ChatCall.for_request(request))
+
+    def fit(self, call: ChatCall) -> ChatCall:
+        """The call with its reply capped to what the window leaves; EngineError
+        ("ContextExceeded") when it leaves less than MIN_REPLY_TOKENS: such a call is never sent."""
+        count = self.count_call(call)
+        if count is None:
+            return call
+        left = self.window - count
+        if left < MIN_REPLY_TOKENS:
+            raise EngineError(
+                "ContextExceeded",
+                f"request ({count} tokens) does not fit the engine's context window ({self.window} "
+                "tokens) with room for a reply: not sent",
+                0,
+            )
+        return call if call.max_tokens <= left else dataclasses.replace(call, max_tokens=left)
+
+
+def _key(settings: EngineSettings) -> str | None:
+    return settings.api_key.get_secret_value() if settings.api_key else None
+
+
+def context_exceeded(exc: openai.APIStatusError) -> bool:
+    """Whether the engine refused a request for its size: llama.cpp's `exceed_context_size_error`
+    or vLLM's 400 on the model's maximum context length."""
+    text = f"{exc.body} {exc.message}".lower()
+    return exc.status_code == 400 and (
+        "exceed_context_size_error" in text or "maximum context length" in text or "context size" in text
+    )
 
 
 @dataclass(frozen=True)
@@ -147,6 +263,7 @@ class ChatEngine:
 
     def __init__(self, settings: EngineSettings):
         self.settings = settings
+        self._meter: EngineMeter | bool | None = None  # read on first use; False: no window reported
         s = settings
         self._client = openai.AsyncOpenAI(
             base_url=normalize_base_url(s.base_url),
@@ -174,6 +291,10 @@ class ChatEngine:
         the prompt prefix the slot holds (`id_slot`, `cache_prompt`); only for llama.cpp, whose slots
         the ids are."""
         s = self.settings
+        if self._meter is None:
+            self._meter = await asyncio.to_thread(EngineMeter.of, s) or False
+        if self._meter:
+            call = await asyncio.to_thread(self._meter.fit, call)
         attempts = 0
         retrying = AsyncRetrying(
             retry=retry_if_exception(retryable),
@@ -193,7 +314,7 @@ class ChatEngine:
         except openai.APIStatusError as exc:
             retried = f" after {attempts} attempts" if retryable(exc) else ""
             raise EngineError(
-                type(exc).__name__,
+                "ContextExceeded" if context_exceeded(exc) else type(exc).__name__,
                 f"engine at {s.base_url} failed{retried} ({exc.status_code}): {exc.message}",
                 attempts,
             ) from exc

@@ -80,6 +80,7 @@ def serve(settings: ServerSettings, ready: threading.Event | None = None) -> Non
     params.n_ctx = settings.parallel * settings.ctx_per_slot
     params.cpuparams.n_threads = settings.threads
     params.cpuparams_batch.n_threads = settings.threads
+    params.endpoint_metrics = True  # llama.cpp's --metrics: Prometheus text on /metrics
     params.use_jinja = True
     params.chat_template = CHATML_TOOLS
     params.hostnames = [settings.host]

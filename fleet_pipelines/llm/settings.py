@@ -1,4 +1,6 @@
-"""Where an engine is and how to call it: plain values that travel to Ray workers.
+"""Where an engine is and how to call it: plain values that travel to Ray workers, and the
+environment variables that supply them (`Variable`, read by the settings of each engine kind,
+`llm.kinds`).
 
 Kept apart from the clients (openai, ray, vllm) so that configuration imports none of them.
 """
@@ -12,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from ..domain.tools import ToolProtocol
+from .local_server import MODEL_NAME
 
 TOOL_PROTOCOL_DESCRIPTION = (
     "How agents call tools and give edits on repository tasks with this engine: `json` (every reply "
@@ -19,6 +22,29 @@ TOOL_PROTOCOL_DESCRIPTION = (
     "small models), `openai` (native tool calling: llama.cpp's jinja templates, vLLM with a tool "
     "parser), `text` (a plain-text protocol any engine takes, nothing enforced)."
 )
+
+
+class Variable:
+    """The environment variable that supplies one field of an engine kind's settings: its name,
+    then the names it is also read from (the seed system's), and its value when unset (None: the
+    settings' own default, or none). `FleetSettings` holds it as the setting `setting`, validated
+    and described by the field it supplies; a variable that several kinds read is one setting,
+    typed by the first kind in the registry that reads it."""
+
+    __slots__ = ("default", "names")
+
+    def __init__(self, *names: str, default: Any = None):
+        self.names, self.default = names, default
+
+    @property
+    def setting(self) -> str:
+        """Its name in `FleetSettings`: FLEET_VLLM_NUM_GPUS is `vllm_num_gpus`."""
+        return self.names[0].removeprefix("FLEET_").lower()
+
+
+# What every kind of the stack's engine reads: the model name turns are recorded with, the tool protocol.
+MODEL = Variable("FLEET_LLM_MODEL", "VLLM_MODEL", default=MODEL_NAME)
+TOOL_PROTOCOL = Variable("FLEET_TOOL_PROTOCOL")
 
 
 class EngineSettings(BaseModel):

@@ -20,11 +20,14 @@ import asyncio
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 from ray.exceptions import RayError
 
+from ..domain.models import TurnRequest
+from ..domain.tools import MIN_REPLY_TOKENS
 from .engine import ChatCall, Completion, EngineError, OnText, next_within
 from .settings import VLLMActorSettings
 
@@ -70,20 +73,25 @@ class VLLMEngineActor:
         `tools` (OpenAI form) go to the chat template (the settings' `chat_template`, else the
         model's); the calls the model writes (Hermes `<tool_call>` JSON) come back as its text,
         which the tool loop parses like the engine client's rendered calls; `response_schema`
-        constrains the reply by guided decoding (the `json` protocol)."""
+        constrains the reply by guided decoding (the `json` protocol). The prompt is counted with
+        the engine's tokenizer: the reply is capped to what `max_model_len` leaves, and a prompt
+        that leaves no room for one is not generated (an item says so)."""
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        prompt = self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            chat_template=self.settings.chat_template,
-            tokenize=False,
-            add_generation_prompt=True,
-        )
+        prompt = self._prompt(messages, tools)
+        count = len(self.tokenizer.encode(prompt))  # as vLLM tokenizes the prompt it is given
+        left = self.settings.max_model_len - count
+        if left < MIN_REPLY_TOKENS:  # never sent: the engine's window has no room for a reply
+            yield {
+                "context_exceeded": f"request ({count} tokens) does not fit the engine's context "
+                f"window (max_model_len {self.settings.max_model_len} tokens) with room for a reply: "
+                "not sent"
+            }
+            return
         params = SamplingParams(
             temperature=temperature,
-            max_tokens=max_tokens,
+            max_tokens=min(max_tokens, left),
             stop=stop or None,
             structured_outputs=StructuredOutputsParams(json=response_schema) if response_schema else None,
         )
@@ -102,6 +110,20 @@ class VLLMEngineActor:
         if final is None:
             raise RuntimeError("vLLM finished a request without any output")
         yield {"tokens_in": len(final.prompt_token_ids or []), "tokens_out": len(final.outputs[0].token_ids)}
+
+    def _prompt(self, messages: list[dict], tools: list[dict] | None) -> str:
+        """The chat as the engine is given it: rendered by the settings' template, else the model's."""
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=self.settings.chat_template,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+
+    def count(self, messages: list[dict], tools: list[dict] | None = None) -> int:
+        """The prompt tokens of a chat as `stream` counts them (what a reply leaves room for)."""
+        return len(self.tokenizer.encode(self._prompt(messages, tools)))
 
     def stats(self) -> dict[str, int]:
         return {"in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight, "pid": os.getpid()}
@@ -133,6 +155,32 @@ def stop_engine_actor(settings: VLLMActorSettings) -> bool:
         return False
     ray.kill(actor)
     return True
+
+
+@dataclass(frozen=True)
+class VLLMActorMeter:
+    """The actor engine's window (its `max_model_len`) and its tokenizer's count of a request
+    (`domain.tool_turns.Meter`): tool turns leave older tool results out and cap the reply by the
+    engine's own count, as they do with an HTTP engine's `EngineMeter`. The first count waits
+    for the model to load."""
+
+    settings: VLLMActorSettings
+    window: int
+
+    @classmethod
+    def of(cls, settings: VLLMActorSettings) -> VLLMActorMeter:
+        return cls(settings, settings.max_model_len)
+
+    def count(self, request: TurnRequest) -> int | None:
+        """None when the actor cannot say (not available): the request goes as it is, and the
+        actor still refuses one that leaves no room for a reply."""
+        try:
+            counted = engine_actor(self.settings).count.remote(
+                [m.wire() for m in request.messages], request.tools or None
+            )
+            return ray.get(counted, timeout=self.settings.load_timeout_s)
+        except (RayError, TimeoutError):
+            return None
 
 
 class VLLMActorEngine:
@@ -178,6 +226,9 @@ class VLLMActorEngine:
                     finished = True
                     break
                 item = await ref
+                if "context_exceeded" in item:
+                    finished = True
+                    raise EngineError("ContextExceeded", item["context_exceeded"], 1)
                 if "text" in item:
                     if not parts:
                         first_token_ms = (time.perf_counter() - start) * 1000

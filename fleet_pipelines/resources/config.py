@@ -1,4 +1,5 @@
-"""Nested `dg.Config` of the engine, the scoring weights and the sandbox limits.
+"""Nested `dg.Config` of the engine (one section per engine kind), the scoring weights and the
+sandbox limits.
 
 Each is derived from the model the code runs with (fields, types, defaults, bounds and
 descriptions), so the UI's config and the code cannot disagree: there is no second copy to edit.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Literal
+from typing import Any
 
 import dagster as dg
 from pydantic import BaseModel, Field, create_model
@@ -17,7 +18,7 @@ from pydantic.fields import FieldInfo
 
 from ..domain.limits import SandboxLimits
 from ..domain.scoring import ScoringWeights
-from ..llm.settings import EngineSettings, VLLMActorSettings
+from ..llm.kinds import DEFAULT_KIND, KINDS, AnyEngineSettings, backends, kind_of
 
 
 class DerivedConfig(dg.Config):
@@ -69,11 +70,13 @@ SandboxLimitsConfig = derived_config(
     descriptions={
         "wall_s": "Wall-clock limit of one test run.",
         "cpu_s": "CPU-seconds limit of one test run.",
-        "memory_mb": "Memory limit in MiB of the whole sandbox (its cgroup, shared memory included) "
-        "and of each process's address space; where no cgroup is writable, address space x "
-        "processes + the tmpfs sizes are shrunk to fit it (or the run is refused).",
-        "max_processes": "Process limit of the whole sandbox (its cgroup; RLIMIT_NPROC in its own "
-        "user namespace where no cgroup is writable, then at most what memory_mb holds).",
+        "memory_mb": "Memory limit in MiB of the whole sandbox (its cgroup, shared memory included); "
+        "each process's address space is that plus 72 MiB per process allowed (a thread reserves "
+        "a malloc arena and a stack it does not touch); where no cgroup is writable, address "
+        "space x processes + the tmpfs sizes are shrunk to fit it (or the run is refused).",
+        "max_processes": "Process limit of the whole sandbox, threads included (its cgroup; "
+        "RLIMIT_NPROC in its own user namespace where no cgroup is writable, then at most what "
+        "memory_mb holds).",
         "max_file_mb": "Largest file a test run may write, MiB.",
         "max_output_chars": "Output kept from a test run.",
         "work_dir_mb": "Size of the tmpfs work dir (and of /dev/shm) in MiB; where no cgroup is "
@@ -81,44 +84,62 @@ SandboxLimitsConfig = derived_config(
         "cpus": "CPU bandwidth of the whole sandbox in cores (its cgroup).",
     },
 )
-VLLMActorConfig = derived_config(VLLMActorSettings, "VLLMActorConfig")
-# The key is a plain string in config so that dg.EnvVar('FLEET_LLM_API_KEY') can hold it.
-OpenAIEngineConfig = derived_config(
-    EngineSettings,
-    "OpenAIEngineConfig",
-    overrides={
-        "api_key": (
+
+
+def kind_config(name: str) -> type[DerivedConfig]:
+    """The config of engine kind `name`'s settings. Its secrets are plain strings in config, so
+    that dg.EnvVar can hold them (kept out of the UI)."""
+    kind = KINDS[name]
+    secrets = {
+        field: (
             str | None,
             Field(
-                default=None, description="API key; dg.EnvVar('FLEET_LLM_API_KEY') keeps it out of the UI."
+                default=None,
+                description=f"{kind.settings.model_fields[field].description} dg.EnvVar('{variable}') "
+                "keeps it out of the UI.",
             ),
         )
-    },
-)
+        for field, variable in kind.secrets.items()
+    }
+    title = "".join(part.capitalize() for part in name.split("_"))
+    return derived_config(kind.settings, f"{title}EngineConfig", overrides=secrets)
 
 
-class EngineConfig(dg.Config):
-    """The engine agent turns call: an OpenAI-compatible server, or vLLM's engine in a Ray actor."""
+KIND_CONFIGS = {name: kind_config(name) for name in KINDS}
+# The OpenAI-compatible engine's: a council's own engine (`EngineEntry`) borrows how patiently it
+# is called from it.
+OpenAIEngineConfig = KIND_CONFIGS["openai"]
 
-    backend: Literal["openai", "vllm_actor"] = Field(
-        default="openai",
-        description="openai: turns call `openai` over HTTP; vllm_actor: turns go to the vLLM engine actor.",
-    )
-    openai: OpenAIEngineConfig = Field(
-        description="The OpenAI-compatible engine (llama.cpp, vLLM, Ray Serve)."
-    )
-    vllm_actor: VLLMActorConfig | None = Field(
-        default=None, description="The vLLM engine actor, required when backend is vllm_actor."
-    )
+
+class EngineConfigBase(dg.Config):
+    """What `EngineConfig` does with its sections."""
 
     @property
     def model_name(self) -> str:
         """The model name recorded on every turn."""
-        return self.vllm_actor.served_model_name if self.backend == "vllm_actor" else self.openai.model
+        return kind_of(settings := self.to_model()).model_name(settings)
 
-    def to_model(self) -> EngineSettings | VLLMActorSettings:
-        if self.backend == "openai":
-            return self.openai.to_model()
-        if self.vllm_actor is None:
-            raise dg.Failure("engine backend is vllm_actor but the engine has no vllm_actor config")
-        return self.vllm_actor.to_model()
+    def to_model(self) -> AnyEngineSettings:
+        """The settings of the `backend` kind's section."""
+        section = getattr(self, self.backend)
+        if section is None:
+            raise dg.Failure(f"engine backend is {self.backend} but the engine has no {self.backend} config")
+        return section.to_model()
+
+
+EngineConfig = create_model(
+    "EngineConfig",
+    __base__=EngineConfigBase,
+    __doc__="The engine agent turns call: the section of its kind (`llm.kinds`), one per kind.",
+    backend=(
+        backends(),
+        Field(
+            default=DEFAULT_KIND,
+            description="; ".join(f"{name}: {kind.description}" for name, kind in KINDS.items()) + ".",
+        ),
+    ),
+    **{
+        name: (config | None, Field(default=None, description=f"The {name} engine, when backend is {name}."))
+        for name, config in KIND_CONFIGS.items()
+    },
+)

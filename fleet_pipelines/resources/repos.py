@@ -12,6 +12,7 @@ from pydantic import Field
 
 from ..domain.deliberation import TurnRunner
 from ..domain.models import RepoSpec
+from ..domain.tool_turns import Meter
 from ..domain.tools import StepBudget, ToolProtocol
 from ..domain.workspace import PushedBranch, Workspace
 from ..workspace.checkout import CheckoutError, CheckoutLimits
@@ -30,8 +31,8 @@ RepoRunLimitsConfig = derived_config(
         "wall_s": "Wall-clock limit of one sandboxed repository run (copy, apply, tests, ruff, "
         "hidden tests).",
         "cpu_s": "CPU-seconds limit of each process of that run.",
-        "memory_mb": "Memory limit in MiB of the run's sandbox and of each process's address space.",
-        "max_processes": "Process limit of the run's sandbox.",
+        "memory_mb": "Memory limit in MiB of the run's sandbox (the sandbox's memory_mb).",
+        "max_processes": "Process limit of the run's sandbox, threads included.",
         "max_file_mb": "Largest file the run may write, MiB.",
         "max_output_chars": "Output kept from the run (its report included).",
         "work_dir_mb": "Size in MiB of the run's tmpfs work dir (the repository's copy lives there).",
@@ -93,9 +94,15 @@ class ReposResource(dg.ConfigurableResource):
         protocol: ToolProtocol,
         on_step=None,
         on_result=None,
+        meter: Meter | None = None,
+        description: str = "",
+        deadline: float | None = None,
     ) -> TurnRunner:
-        """The turn runner of a repository task's agents: tools in the sandbox within the budget,
-        in the engine's `protocol`, and their edits checked against the checkout's files."""
+        """The turn runner of a repository task's agents: tools on the read-only checkout within
+        the budget, in the engine's `protocol`, their edits checked against the checkout's files,
+        with the engine's `meter` every request fitted to its window, and answers narrowed to where
+        the task's `description` and the failing tests point; calls stop in time to answer before
+        the deliberation's `deadline`."""
         return repository_turns(
             run_step,
             workspace,
@@ -105,6 +112,9 @@ class ReposResource(dg.ConfigurableResource):
             offer=self.tools,
             on_step=on_step,
             on_result=on_result,
+            meter=meter,
+            description=description,
+            deadline=deadline,
         )
 
     def token(self) -> str:

@@ -29,7 +29,9 @@ from pydantic import Field, SecretStr
 from ..domain.councils import EngineEntry
 from ..domain.deliberation import TurnContext, TurnRunner
 from ..domain.models import TurnRequest, TurnResult
+from ..domain.tool_turns import Meter
 from ..domain.tools import ToolProtocol
+from ..llm.kinds import AnyEngineSettings, kind_of
 from ..llm.settings import EngineSettings
 from .config import EngineConfig
 
@@ -58,6 +60,11 @@ class TurnRunnerResource(dg.ConfigurableResource, ABC):
     def tool_protocol(self, engine: EngineEntry | None = None) -> ToolProtocol:
         """How agents call tools on the engine (`domain.tools`); `text` unless the engine says."""
         return "text"
+
+    def meter(self, engine: EngineEntry | None = None) -> Meter | None:
+        """The engine's window and its own count of a request (`domain.tool_turns.Meter`); None
+        when the engine reports no window."""
+        return None
 
 
 class RayTurnRunner(TurnRunnerResource):
@@ -106,21 +113,27 @@ class RayTurnRunner(TurnRunnerResource):
     def tool_protocol(self, engine: EngineEntry | None = None) -> ToolProtocol:
         return self.engine_settings(engine).tool_protocol
 
-    def engine_settings(self, engine: EngineEntry | None) -> EngineSettings:
+    def meter(self, engine: EngineEntry | None = None) -> Meter | None:
+        settings = self.engine_settings(engine)
+        return kind_of(settings).meter(settings)
+
+    def engine_settings(self, engine: EngineEntry | None) -> AnyEngineSettings:
         """The engine a run's turns go to: the council's own (`role_engine`), else the runner's."""
         return self.engine.to_model() if engine is None else self.role_engine(engine)
 
     def role_engine(self, engine: EngineEntry) -> EngineSettings:
         """The council's own engine: its URL, model, slots and API key; the stack's engine lends
-        only how patiently it is called (timeouts, retries)."""
+        only how patiently it is called (timeouts, retries), where it has an OpenAI-compatible one."""
         key = os.environ.get(engine.api_key_env) if engine.api_key_env else None
         if engine.api_key_env and not key:
             raise dg.Failure(
                 f"engine {engine.base_url}: its API key variable {engine.api_key_env} is not set",
                 allow_retries=False,
             )
-        return self.engine.openai.to_model().model_copy(
-            update={
+        lent = self.engine.openai.to_model().model_dump() if self.engine.openai is not None else {}
+        return EngineSettings(
+            **{
+                **lent,
                 "base_url": engine.base_url,
                 "model": engine.model,
                 "slots": engine.slots,

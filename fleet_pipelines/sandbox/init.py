@@ -10,12 +10,16 @@ the solution ran; nothing of the solution can ever write to it.
 
 - **script** (`run_python`): runs Python on `main.py` in a child (`run_script`); its exit code
   is the result;
-- **tests** (`run_tests`): forks the *solution process* (`serve`) first, before the spec is read
-  (so no test code is in its memory), which keeps only its end of a socket pair and the sandbox's
-  stdout/stderr; then becomes the *test process*: it marks itself non-dumpable (so the solution
-  can neither ptrace it nor open its /proc/<pid>/fd or mem), ignores SIGINT (pid 1 of the pid
-  namespace then ignores every signal the solution can send), writes the files, tells the
-  solution process to import `solution.py`, and runs the task's examples and tests here.
+- **tests** (`run_tests`): forks the *spawner* (`spawner`) first, before the spec is read (so no
+  test code is in its memory), which starts *solution processes* (`serve`) on request, each
+  keeping only its end of a socket pair and the sandbox's stdout/stderr: a fresh one for each call
+  into the solution, in a work dir and /dev/shm wiped and rewritten from the spec (no state of one
+  call reaches the next, in memory or in files: a task's tests and asserts that contradict each
+  other stay contradictory); then becomes the *test
+  process*: it marks itself non-dumpable (so the solution can neither ptrace it nor open its
+  /proc/<pid>/fd or mem), ignores SIGINT (pid 1 of the pid namespace then ignores every signal
+  the solution can send), writes the files, tells the solution process to import `solution.py`,
+  and runs the task's examples and tests here.
 
 The tests run with pristine builtins (the test process never imports the solution) in a namespace
 of their own. A name the tests use that is neither theirs nor a builtin is looked up in the
@@ -36,6 +40,7 @@ process holds: whatever the solution prints, or however it exits, it cannot writ
 
 import binascii
 import builtins
+import contextlib
 import ctypes
 import io
 import json
@@ -55,6 +60,7 @@ MAX_FRAME = 32 * 1024 * 1024
 MAX_DEPTH = 64
 SETUP_FAILED = 125
 PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 
 
 # --- the wire: 4-byte length + JSON; plain values are JSON, tagged lists for everything else ---
@@ -193,6 +199,36 @@ def serve(sock):
         send(sock, reply)
 
 
+def spawner(control):
+    """Forked before the spec is read (nothing of the tests is in its memory): for each byte on
+    `control`, a fresh solution process (`serve`, a grandchild: the test process, the sandbox's
+    pid 1 and child subreaper, reaps it) on one end of a new socket pair; the other end goes back
+    over `control`, its first message the new process's pid."""
+    while True:
+        try:
+            if not control.recv(1):
+                return
+        except OSError:
+            return
+        ours, theirs = socket.socketpair()
+        middle = os.fork()
+        if middle == 0:
+            server = os.fork()
+            if server == 0:
+                control.close()
+                ours.close()
+                try:
+                    serve(theirs)
+                finally:
+                    os._exit(0)
+            send(theirs, server)
+            os._exit(0)
+        os.waitpid(middle, 0)
+        theirs.close()
+        socket.send_fds(control, [b"S"], [ours.fileno()])
+        ours.close()
+
+
 # --- the test process ---
 
 
@@ -201,11 +237,34 @@ class SolutionError(Exception):
 
 
 class Client:
-    """The test process's side of the socket: requests for the solution's names."""
+    """The test process's side of the socket: requests for the solution's names, each call after
+    the first in a fresh solution process (`fresh`: the one before ended, another started from
+    the spawner, `control`, in a wiped work dir)."""
 
-    def __init__(self, sock, process):
-        self.sock = sock
-        self.process = process
+    def __init__(self, control, spawner_pid, spec):
+        self.control = control
+        self.spawner_pid = spawner_pid
+        self.spec = spec
+        self.sock = self.process = self.dead = None
+        self.called = False
+        self.fresh()
+
+    def fresh(self):
+        """A new solution process: the one before and every process it left killed, the work
+        dir and /dev/shm as the spec wrote them (nothing the solution wrote survives), then the
+        new one started with the spec's limits. Each call runs in one: no count, cache or file of
+        one call reaches the next (contradictory tests and asserts stay contradictory)."""
+        if self.sock is not None:
+            self.sock.close()
+            end_others(os.getpid(), self.spawner_pid)
+            for folder in (WORK, "/dev/shm"):
+                wipe_inside(folder)
+            write_files(self.spec["files"])
+        self.control.send(b"N")
+        _, fds, _, _ = socket.recv_fds(self.control, 1, 1)
+        self.sock = socket.socket(fileno=fds[0])
+        self.process = recv(self.sock)
+        send(self.sock, self.spec["limits"])
         self.dead = None
 
     def request(self, message):
@@ -238,14 +297,28 @@ class Client:
             wire_kwargs = [[k, encode(v)] for k, v in kwargs.items()]
         except NotPlainData as exc:
             raise NotPlainData(f"only plain data can be passed to the solution: {exc}") from None
+        if self.called:  # every call in a fresh process: an answer never depends on an earlier call
+            self.fresh()
+        self.called = True
         return self.request(["call", name, wire_args, wire_kwargs])
+
+
+# Exceptions that are control flow (iteration's end, a generator's close, an interrupt, an exit):
+# raised by a call into the solution they never act as the test process's own (PEP 479's choice
+# for generators): `all(map(f, xs))` must not hold because f raised StopIteration.
+CONTROL_FLOW = frozenset(
+    {"StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit"}
+)
 
 
 def remote_exception(name, text, remote_traceback):
     """The solution's exception as the builtin exception of that name (pristine: the test
-    process's own), else a SolutionError; the solution's traceback as a note."""
+    process's own), else a SolutionError (control flow: a RuntimeError, as PEP 479 makes of a
+    generator's StopIteration); the solution's traceback as a note."""
     kind = getattr(builtins, name, None) if name.isidentifier() else None
-    if isinstance(kind, type) and issubclass(kind, Exception):
+    if name in CONTROL_FLOW:
+        exc = RuntimeError(f"{name} raised in the code under test: {text}")
+    elif isinstance(kind, type) and issubclass(kind, Exception):
         try:
             exc = kind(text)
         except Exception:
@@ -334,10 +407,51 @@ def exit_description(pid):
     return _exits[pid]
 
 
-def run_tests(spec, result_fd, ours, process):
-    """The test process: `process` is the solution process's pid, `ours` our end of its socket."""
-    send(ours, spec["limits"])  # the files are written: the solution process may import now
-    client = Client(ours, process)
+def end_others(*keep):
+    """Every process of the sandbox but `keep` killed and reaped (read from /proc; where the
+    sandbox has none, the solution process's children cannot be found: only it is ended)."""
+    for _ in range(100):
+        try:
+            pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in keep]
+        except OSError:
+            pids = []
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        while True:  # reap what died (the test process is the sandbox's pid 1 and subreaper)
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        if not pids:
+            return
+
+
+def wipe_inside(folder):
+    """Everything in `folder` removed, whatever modes the solution gave it."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            with contextlib.suppress(OSError):
+                os.chmod(path, 0o700)
+            wipe_inside(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def run_tests(spec, result_fd, control, spawner_pid):
+    """The test process: `control` asks the spawner (`spawner_pid`) for solution processes, a
+    fresh one for each call into the solution."""
+    client = Client(control, spawner_pid, spec)  # the files are written: it may import now
     sys.stdout = sys.stderr = io.StringIO()  # the tests' prints stay here, out of the solution's reach
 
     def record(name, passed, detail=""):
@@ -381,8 +495,9 @@ def run_tests(spec, result_fd, ours, process):
                         record(name, True)
                     except BaseException:
                         record(name, False, traceback.format_exc(limit=3))
-    ours.close()
-    solution_exit = exit_description(process)
+    client.sock.close()
+    control.close()
+    solution_exit = exit_description(client.process)
     os.write(result_fd, (json.dumps({"done": True, "solution": solution_exit}) + "\n").encode())
     os._exit(0)
 
@@ -416,14 +531,15 @@ def main():
     mode, spec_fd, ready_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     if mode == "tests":
         result_fd = int(sys.argv[4])
-        ours, theirs = socket.socketpair()
-        process = os.fork()  # before the spec is read: the solution process never holds it
-        if process == 0:
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the solution: ours
+        control, theirs = socket.socketpair()
+        spawner_pid = os.fork()  # before the spec is read: no solution process ever holds it
+        if spawner_pid == 0:
             for fd in (spec_fd, ready_fd, result_fd):
                 os.close(fd)
-            ours.close()
+            control.close()
             try:
-                serve(theirs)
+                spawner(theirs)
             finally:
                 os._exit(0)
         theirs.close()
@@ -440,7 +556,7 @@ def main():
         print(f"sandbox setup failed: {exc!r}", file=sys.stderr)
         os._exit(SETUP_FAILED)
     if mode == "tests":
-        run_tests(spec, result_fd, ours, process)
+        run_tests(spec, result_fd, control, spawner_pid)
     run_script(spec["env"])
 
 

@@ -185,14 +185,21 @@ def seccomp_filter() -> bytes | None:
 _PROCESS_SHARE_MB = 128
 _MIN_PROCESS_MB = 48
 _MIN_PROCESSES = 2
+# With a cgroup (which holds what is touched), a process's address space is the memory limit plus
+# what each task the process limit allows may reserve and never touch: a thread is a task (counted
+# by pids and RLIMIT_NPROC) and reserves a glibc malloc arena (64 MB) and its stack (8 MB). Held to
+# the memory limit alone, a process could start 14 threads in 1 GiB (more-itertools' concurrent_tee
+# test starts 100, and pytest then failed for memory, ending the session).
+_TASK_RESERVE_MB = 72
 
 
 @dataclass(frozen=True)
 class Bound:
     """The limits a run is held to: the address space of each process, how many processes (and
     threads), and the sizes of the tmpfs /work and /dev/shm. With a cgroup these are the
-    `SandboxLimits` as given and the cgroup holds the total; without one they are shrunk so that
-    `total_mb` (what the run can hold at most) is within `memory_mb`."""
+    `SandboxLimits` as given, the address space with room for each task's untouched reservations,
+    and the cgroup holds the total; without one they are shrunk so that `total_mb` (what the run
+    can hold at most) is within `memory_mb`."""
 
     address_space_mb: int
     processes: int
@@ -215,7 +222,8 @@ def bound(limits: SandboxLimits, cgroup: bool) -> Bound | str:
     """The limits of a run under `limits` (`cgroup`: a cgroup holds the whole sandbox), or why
     such a run cannot be held within its memory limit without a cgroup."""
     if cgroup:
-        return Bound(limits.memory_mb, limits.max_processes, limits.work_dir_mb, limits.work_dir_mb)
+        address_space = limits.memory_mb + limits.max_processes * _TASK_RESERVE_MB
+        return Bound(address_space, limits.max_processes, limits.work_dir_mb, limits.work_dir_mb)
     memory = limits.memory_mb
     shm = max(1, min(limits.work_dir_mb, memory // 16))  # a tmpfs of size 0 would be unlimited
     work = max(1, min(limits.work_dir_mb, memory // 4 - shm))

@@ -28,6 +28,7 @@ from ..names import (
     TAG_CAUSATION,
     TAG_CORRELATION,
     TAG_PLAN,
+    TAG_ROLE,
     TAG_STORY,
 )
 from ..resources.events import NatsResource
@@ -59,6 +60,7 @@ def failure_outcome(instance: dg.DagsterInstance, run: dg.DagsterRun, message: s
         reasons=[message],
         duration_ms=_duration_ms(instance, run.run_id),
         run_id=run.run_id,
+        role=run.tags.get(TAG_ROLE),
     )
 
 

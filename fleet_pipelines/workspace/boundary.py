@@ -19,11 +19,17 @@ cross", which the plan on the base commit records (`sandbox_job.py`).
 """
 
 import ast
+import builtins
+import contextlib
+import dis
 import importlib
 import importlib.machinery
 import importlib.util
 import json
+import linecache
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -163,13 +169,17 @@ class Boundary:
 
     def exception_class(self, name, base):
         """The test process's own class for the repository's exception class `name` (one per
-        name), derived from its nearest builtin exception class."""
+        name), derived from its nearest builtin exception class (RuntimeError for StopIteration
+        and the other control-flow classes, `init.CONTROL_FLOW`). The code's names are only
+        labels: nothing but a builtin exception class is ever looked up by them."""
         import builtins
 
         known = self.exceptions.get(name)
         if known is None:
             parent = getattr(builtins, base, None) if base.isidentifier() else None
-            if not (isinstance(parent, type) and issubclass(parent, Exception)):
+            if base in self.wire.CONTROL_FLOW:  # never the test process's own control flow
+                parent = RuntimeError
+            elif not (isinstance(parent, type) and issubclass(parent, Exception)):
                 parent = Exception
             module, _, short = name.rpartition(".")
             known = type(short, (parent,), {"__module__": module, "__qualname__": short})
@@ -188,9 +198,22 @@ class Boundary:
             stderr=subprocess.DEVNULL,
             env=self.env,
             cwd="/",
+            start_new_session=True,  # its process group ends with it (`restart`)
         )
         theirs.close()
         self.sock, self.pid = ours, process.pid
+
+    def restart(self):
+        """Ends the code process (its next request starts a fresh one): nothing the code kept in
+        memory reaches the next test."""
+        if self.sock is not None:
+            self.sock.close()
+            with contextlib.suppress(OSError):
+                os.killpg(self.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(self.pid, 0)
+        self.sock = self.pid = None
+        self.dead = ""
 
     def request(self, message):
         wire = self.wire
@@ -246,6 +269,8 @@ class RemoteModule(types.ModuleType):
             raise AttributeError(attr)
         boundary = self.__dict__["__spec__"].loader.boundary
         value = boundary.request(["get", f"{self.__name__}:{attr}"])
+        if attr == "__all__" and star_import(sys._getframe(1)):
+            return star_names(boundary.wire, value, sys._getframe(1))
         if callable(value) or isinstance(value, types.ModuleType):
             self.__dict__[attr] = value  # a function's stub, a class or a module: the same on every use
         return value
@@ -259,6 +284,41 @@ class RemoteModule(types.ModuleType):
         )
 
 
+STAR_OPS = frozenset({"IMPORT_STAR", "CALL_INTRINSIC_1"})  # `from m import *` (3.11; 3.12 on)
+
+
+def star_import(frame):
+    """Whether `frame` is running `from module import *` now."""
+    code = frame.f_code.co_code
+    return 0 <= frame.f_lasti < len(code) and dis.opname[code[frame.f_lasti]] in STAR_OPS
+
+
+def star_names(wire, names, frame):
+    """The names `from <code> import *` binds in a test module: never a builtin (`abs`, `sorted`)
+    and never a name the test module binds itself (`pytest`, its helpers), wherever in it. A
+    deliberate trade-off: a test that takes such a name from a star import gets the builtin or
+    its own binding where plain pytest would give the package's; it must import it by name."""
+    if type(names) not in (list, tuple) or not all(type(n) is str for n in names):
+        raise wire.NotPlainData("the code under test's __all__ is not a list of names")
+    bound = set(frame.f_globals)
+    with contextlib.suppress(SyntaxError, ValueError):  # the base's file, or the hidden tests'
+        bound |= bound_names(ast.parse("".join(linecache.getlines(frame.f_code.co_filename))))
+    return [n for n in names if not hasattr(builtins, n) and n not in bound]
+
+
+def bound_names(tree):
+    """Every name a module's source binds anywhere (assignments, imports, definitions)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names if a.name != "*")
+    return names
+
+
 def test_part(name):
     """Whether a module name (one dotted part) is a test's (pytest imports those from the base)."""
     return name in TEST_NAMES or name.startswith("test_") or name.endswith("_test")
@@ -266,16 +326,20 @@ def test_part(name):
 
 class RepositoryFinder:
     """First on sys.meta_path: the repository's modules are proxies of the code process. Test
-    modules inside its packages (`pkg.tests.test_x`, `pkg.conftest`) are the base commit's files,
-    imported here."""
+    modules inside its packages (`pkg.tests.test_x`, `pkg.conftest`) and the modules only tests
+    import (`TestSide.modules`) are the base commit's files, imported here."""
 
-    def __init__(self, boundary, names, base_roots=()):
+    def __init__(self, boundary, names, base_roots=(), side=None):
         self.boundary = boundary
         self.names = boundary.names = frozenset(names)
         self.base_roots = list(base_roots)
+        self.side = side or TestSide()
 
     def find_spec(self, fullname, path=None, target=None):
         parts = fullname.split(".")
+        root = self.side.modules.get(fullname)
+        if root is not None:
+            return importlib.machinery.PathFinder.find_spec(fullname, [os.path.join(root, *parts[:-1])])
         if parts[0] not in self.names:
             return None
         if any(test_part(p) for p in parts[1:]):
@@ -289,7 +353,14 @@ class RepositoryFinder:
 
     def create_module(self, spec):
         self.boundary.request(["import", spec.name])
-        return RemoteModule(spec.name)
+        module = RemoteModule(spec.name)
+        parts = spec.name.split(".")
+        for root in self.base_roots:  # the base's file: where pytest finds its doctests
+            for where in (os.path.join(root, *parts, "__init__.py"), os.path.join(root, *parts) + ".py"):
+                if os.path.isfile(where):
+                    module.__file__ = where
+                    return module
+        return module
 
     def exec_module(self, module):
         pass
@@ -311,12 +382,194 @@ class HiddenFinder:
         return None
 
     def exec_module(self, module):
+        lines = self.source.splitlines(True)
+        linecache.cache[HIDDEN_FILE] = (len(self.source), None, lines, HIDDEN_FILE)  # never a file
         tree = ast.parse(self.source, filename=HIDDEN_FILE)
         try:
             self.rewrite(tree, self.source.encode(), HIDDEN_FILE, None)  # pytest's assertion messages
         except Exception:
             tree = ast.parse(self.source, filename=HIDDEN_FILE)
         exec(compile(tree, HIDDEN_FILE, "exec"), module.__dict__)
+
+
+SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "venv", "build", "dist", "site-packages"})
+MAX_SOURCES = 5_000
+MAX_SOURCE_BYTES = 1_000_000
+
+
+def test_file(parts):
+    """Whether a file (its path's parts) is one pytest collects or configures with: test_*.py,
+    *_test.py, conftest.py, or any file in a test-named folder."""
+    stem = parts[-1].removesuffix(".py")
+    return stem == "conftest" or any(test_part(p) for p in (*parts[:-1], stem))
+
+
+def test_word(name):
+    """A module name made for tests (`testutils`, `_testing_helpers`, `fixtures`)."""
+    name = name.lstrip("_").lower()
+    return name.startswith("test") or name.endswith(("_test", "_tests")) or "fixture" in name
+
+
+def _sources(base):
+    """(path parts relative to `base`, source) of the Python files of the base commit."""
+    found = []
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS)
+        rel = os.path.relpath(folder, base)
+        parts = () if rel == "." else tuple(rel.split(os.sep))
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if not name.endswith(".py") or not os.path.isfile(path) or os.path.islink(path):
+                continue
+            if len(found) >= MAX_SOURCES or os.path.getsize(path) > MAX_SOURCE_BYTES:
+                continue
+            with open(path, "rb") as f:
+                found.append(((*parts, name), f.read()))
+    return found
+
+
+IMPORT_LINES = re.compile(
+    rb"^[ \t]*(from[ \t]+[.\w]+[ \t]+import[ \t]*(?:\([^)]*\)|[^\n]*)|import[ \t]+[^\n]*)", re.MULTILINE
+)
+
+
+def _imports(text, module, package):
+    """The dotted names a module's source imports (each `from a import b` as a and a.b): its
+    import statements found by their lines, each parsed alone (a whole file is not parsed)."""
+    names = set()
+    for found in IMPORT_LINES.finditer(text):
+        try:
+            nodes = ast.parse(found.group(1).decode("utf-8", "replace").rstrip("\\ \t\r")).body
+        except (SyntaxError, ValueError):
+            continue
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    anchor = (package if package else module).split(".")
+                    anchor = anchor[: len(anchor) - node.level + 1] if node.level > 1 else anchor
+                    prefix = ".".join(p for p in (*anchor, node.module or "") if p)
+                else:
+                    prefix = node.module or ""
+                if prefix:
+                    names.add(prefix)
+                    names.update(f"{prefix}.{a.name}" for a in node.names if a.name != "*")
+    return {n for name in names for n in _prefixes(name)}
+
+
+def _prefixes(name):
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _data_only(tree):
+    """A module of data: its body holds imports, assignments and its docstring, and nothing in it
+    calls anything (no function, class, call or statement with a body: toolz.compatibility,
+    which warns on import, is code)."""
+    kinds = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign)
+    for node in tree.body:
+        docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if not (isinstance(node, kinds) or docstring):
+            return False
+    return not any(isinstance(node, ast.Call) for node in ast.walk(tree))
+
+
+class TestSide:
+    """What the tests resolve from the base commit, decided from the base's import graph alone
+    (the patch cannot change it): `top_names`, the modules of the tests' own folders (pytest
+    puts a test folder without __init__.py on sys.path: `from helpers import check`); `modules`,
+    the repository's modules that only tests import (dotted name -> the source root they are
+    imported from); `files`, the paths (relative to the project) of both, which a patch edits
+    as it edits a test."""
+
+    def __init__(self, top_names=(), modules=None, files=()):
+        self.top_names = frozenset(top_names)
+        self.modules = dict(modules or {})
+        self.files = tuple(files)
+
+
+RUNS_CODE = re.compile(rb"^[ \t]*(?:async[ \t]+def|def|class|if|for|while|with|try)\b", re.MULTILINE)
+
+
+class _Source:
+    """A Python file of the base: where it is, its module name, and (parsed on demand, once) the
+    names it imports."""
+
+    def __init__(self, parts, text, roots):
+        self.parts, self.text = parts, text
+        self.is_test = test_file(parts)
+        self.root = next((r for r in sorted(roots, key=len, reverse=True) if _under(parts, r)), None)
+        inside = parts[len(self.root.split("/")) if self.root else 0 :] if self.root is not None else parts
+        dotted = [p.removesuffix(".py") for p in inside]
+        self.is_package = dotted[-1] == "__init__"
+        dotted = dotted[:-1] if self.is_package else dotted
+        self.name = ".".join(dotted)
+        self.valid = self.root is not None and bool(dotted) and all(p.isidentifier() for p in dotted)
+        self._tree = self._imports = None
+
+    def tree(self):
+        if self._tree is None:
+            try:
+                self._tree = ast.parse(self.text)
+            except (SyntaxError, ValueError):
+                self._tree = ast.Module(body=[], type_ignores=[])
+        return self._tree
+
+    def imports(self):
+        if self._imports is None:
+            package = self.name if self.is_package else self.name.rpartition(".")[0]
+            self._imports = _imports(self.text, self.name, package) - {self.name} if self.valid else set()
+        return self._imports
+
+
+def test_side(base, roots=("", "src")):
+    """The base commit's test side at `base` (the project's folder). A module is the tests' own
+    when it sits in a test folder that pytest puts on sys.path, or when tests import it, no
+    other module does, and it is made for tests (named so) or holds data only; a module the
+    code imports, or one with functions and a name of the code's, stays the code's. Only the
+    candidates and the files that mention their names are parsed."""
+    roots = [r for r in roots if os.path.isdir(os.path.join(base, r))]
+    sources = [_Source(parts, text, roots) for parts, text in _sources(base)]
+    folders = {s.parts[:-1] for s in sources if s.is_test}
+    inits = {s.parts[:-1] for s in sources if s.is_package}
+    top_names, files = set(), []
+    for source in sources:
+        folder = source.parts[:-1]
+        if folder in folders and folder not in inits and "/".join(folder) not in roots:
+            top_names.add(source.parts[-1].removesuffix(".py"))  # found through pytest's sys.path entry
+            files.append("/".join(source.parts))
+    modules = {s.name: s for s in sources if s.valid and not s.is_test and not s.is_package}
+    chosen = {}
+    for name, module in modules.items():
+        word = test_word(name.rpartition(".")[2])
+        if not word and RUNS_CODE.search(module.text):
+            continue
+        last = name.rpartition(".")[2].encode()
+        mention = re.compile(
+            rb"\b(?:import|from)\b[^\n]*\b%s\b|\bimport\s*\([^)]*\b%s\b" % ((re.escape(last),) * 2)
+        )
+
+        def imports_it(source, name=name, last=last, mention=mention, module=module):
+            return (
+                source is not module
+                and last in source.text
+                and mention.search(source.text)
+                and name in source.imports()
+            )
+
+        if any(imports_it(s) for s in sources if not s.is_test) or not any(
+            imports_it(s) for s in sources if s.is_test
+        ):
+            continue  # the code imports it, or no test does
+        if word or (_data_only(module.tree()) and not module.imports() & set(modules)):
+            chosen[name] = os.path.join(base, module.root) if module.root else base
+            files.append("/".join(module.parts))
+    return TestSide(top_names, chosen, sorted(set(files)))
+
+
+def _under(parts, root):
+    return not root or tuple(parts[: len(root.split("/"))]) == tuple(root.split("/"))
 
 
 def repository_names(roots, env_paths, stdlib):
@@ -348,6 +601,87 @@ def repository_names(roots, env_paths, stdlib):
         and n not in ("sitecustomize", "usercustomize")
         and finder.find_spec(n, env_paths) is None
     )
+
+
+class DoctestGlobals(dict):
+    """A doctest's globals: the names its module binds in the base's source, fetched from the
+    code under test on use (builtins otherwise, as the module would see them)."""
+
+    def __init__(self, module, names):
+        super().__init__(__name__=module.__name__)
+        self.module = module
+        self.names = names
+
+    def __missing__(self, name):
+        if name not in self.names:
+            raise KeyError(name)
+        try:
+            return getattr(self.module, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+
+def docstrings(tree, prefix):
+    """(name, docstring, line) of a module's source and each class and function in it, named as
+    doctest's finder names them (`pkg.mod`, `pkg.mod.Class.method`)."""
+    found = []
+    text = ast.get_docstring(tree, clean=False)
+    if text:
+        found.append((prefix, text, 0))
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    stack = [(prefix, node) for node in tree.body if isinstance(node, kinds)]
+    while stack:
+        outer, node = stack.pop()
+        name = f"{outer}.{node.name}"
+        text = ast.get_docstring(node, clean=False)
+        if text:
+            found.append((name, text, node.body[0].lineno - 1))
+        if isinstance(node, ast.ClassDef):
+            stack.extend((name, child) for child in node.body if isinstance(child, kinds))
+    return sorted(found)
+
+
+def remote_doctests(collector, module):
+    """The doctests of a repository module, as pytest's doctest plugin would collect them: the text
+    from the base commit's file, the names from the code under test."""
+    import doctest
+
+    from _pytest import doctest as plugin
+
+    with open(collector.path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    names = bound_names(tree)
+    config = collector.config
+    try:
+        flags = plugin.get_optionflags(config)
+    except AttributeError:  # pytest before 8.1 takes the collector
+        flags = plugin.get_optionflags(collector)
+    runner = plugin._get_runner(
+        checker=plugin._get_checker(),
+        verbose=False,
+        optionflags=flags,
+        continue_on_failure=plugin._get_continue_on_failure(config),
+    )
+    parser = doctest.DocTestParser()
+    for name, text, line in docstrings(tree, module.__name__):
+        test = parser.get_doctest(text, {}, name, str(collector.path), line)
+        test.globs = DoctestGlobals(module, names)  # DocTest keeps a plain copy of what it is given
+        if test.examples:
+            yield plugin.DoctestItem.from_parent(collector, name=name, runner=runner, dtest=test)
+
+
+def doctests_from_the_base():
+    """pytest's doctest collector, for a module behind the boundary: `remote_doctests`."""
+    from _pytest import doctest as plugin
+
+    collect = plugin.DoctestModule.collect
+
+    def collect_remote(self):
+        if isinstance(self.obj, RemoteModule):
+            return remote_doctests(self, self.obj)
+        return collect(self)
+
+    plugin.DoctestModule.collect = collect_remote
 
 
 def crossed_not(wire, exc):
@@ -403,10 +737,15 @@ def _session(
     os.chdir(cwd)
     wire = load_wire(wire_path)
     boundary = Boundary(wire, wire_path, source, [*env_paths, *roots], code_cwd, env)
-    names = repository_names([*roots, *base_roots], env_paths, sys.stdlib_module_names)
-    sys.meta_path.insert(0, RepositoryFinder(boundary, names, base_roots))
+    side = test_side(cwd)
+    names = set(repository_names([*roots, *base_roots], env_paths, sys.stdlib_module_names))
+    names -= side.top_names  # a module the patch adds never shadows one of the tests' own
+    names -= {n for n in side.modules if "." not in n}
+    sys.meta_path.insert(0, RepositoryFinder(boundary, names, base_roots, side))
     import pytest
     from _pytest.assertion.rewrite import rewrite_asserts
+
+    doctests_from_the_base()
 
     if hidden_source is not None:
         sys.meta_path.insert(0, HiddenFinder(hidden_source, rewrite_asserts))
@@ -416,8 +755,9 @@ def _session(
             f.write(f"from {HIDDEN_MODULE} import *  # noqa: F403 (the tests are in memory only)\n")
         with open(os.path.join(folder, "pytest.ini"), "w") as f:
             f.write("[pytest]\n")
+        chosen = [os.path.join(folder, i) for i in args if i.startswith(HIDDEN_FILE + "::")]
         args = ["--noconftest", "-c", f"{folder}/pytest.ini", "--rootdir", folder]
-        args += ["--import-mode=importlib", os.path.join(folder, HIDDEN_FILE)]
+        args += ["--import-mode=importlib", *(chosen or [os.path.join(folder, HIDDEN_FILE)])]
 
     class Recorder:
         def __init__(self):
@@ -444,6 +784,8 @@ def _session(
                 entry["outcome"], entry["detail"] = "skipped", str(report.longrepr)[-300:]
 
         def pytest_runtest_logfinish(self, nodeid, location):
+            if hidden_source is not None:  # a fresh code process for each hidden test (the one
+                boundary.restart()  # that served the collection serves the first)
             entry = self.outcomes.pop(nodeid, {"outcome": "failed", "detail": "no report"})
             if entry["outcome"] == "failed" and nodeid in self.crossed:
                 entry["outcome"] = "cannot_cross"

@@ -16,15 +16,19 @@ as a child with its own pipes and a time limit; this process is non-dumpable, so
 reach its stdout. The report is the last line of stdout, after REPORT_MARK.
 """
 
+import ast
 import contextlib
 import ctypes
+import importlib
 import json
 import os
+import random
 import re
 import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,6 +40,7 @@ WORK = "/work"
 REPO = "/work/repo"
 EXCERPT = 1_500
 MAX_FAILING = 50
+MAX_NOT_FOUND_RETRIES = 4  # the plan's sample run again without the ids pytest did not find
 
 
 def excerpt(text, limit=EXCERPT):
@@ -150,6 +155,280 @@ def tests(argv, cwd, env, timeout_s, report_file, ran, require_report=False):
     return evidence
 
 
+OUTCOMES_PLUGIN = """
+import json
+
+RANK = ("passed", "xpassed", "skipped", "xfailed", "failed")
+seen = {}
+
+
+def pytest_runtest_logreport(report):
+    xfail = hasattr(report, "wasxfail")
+    if report.failed:
+        now = "failed"
+    elif report.skipped:
+        now = "xfailed" if xfail else "skipped"
+    elif report.when == "call" and xfail:
+        now = "xpassed"
+    else:
+        now = "passed"
+    old = seen.get(report.nodeid, "passed")
+    seen[report.nodeid] = max(old, now, key=RANK.index)  # subtests and phases roll up to their id
+
+
+def pytest_sessionfinish(session):
+    with open("/work/.fleet/outcomes.json", "w") as f:
+        json.dump(seen, f)
+"""
+
+
+TRACE_PLUGIN = """
+import json
+import os
+import re
+import sys
+import threading
+
+import pytest
+
+ROOT = "/work/repo/"
+MAX_LINES = 10_000  # the report stays well under the sandbox's output cap
+with open("/work/.fleet/trace_ids.json") as f:
+    WANTED = set(json.load(f))
+executed = {}  # test id -> file -> lines
+current = {}
+count = 0
+
+
+def junit_id(nodeid):
+    path, bracket, params = nodeid.partition("[")  # as pytest's junitxml names a test case
+    names = path.split("::")
+    names[0] = re.sub(r"\\.py$", "", names[0].replace("/", "."))
+    names[-1] += bracket + params
+    return ("::".join([".".join(names[:-1]), names[-1]])).strip(":")
+
+
+def line(frame, event, arg):
+    global count
+    if event == "line" and count < MAX_LINES:
+        lines = current.setdefault(frame.f_code.co_filename, set())
+        if frame.f_lineno not in lines:
+            lines.add(frame.f_lineno)
+            count += 1
+    return line
+
+
+def call(frame, event, arg):
+    if frame.f_code.co_filename.startswith(ROOT):
+        return line(frame, "line", arg)
+    return None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    dropped = [i for i in items if junit_id(i.nodeid) not in WANTED]
+    items[:] = [i for i in items if junit_id(i.nodeid) in WANTED]
+    config.hook.pytest_deselected(items=dropped)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global current
+    current = executed.setdefault(junit_id(item.nodeid), {})
+    threading.settrace(call)
+    sys.settrace(call)
+    try:
+        yield
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)
+
+
+def pytest_sessionfinish(session):
+    found = {}
+    for test, files in executed.items():
+        found[test] = {os.path.relpath(p, ROOT): sorted(n) for p, n in files.items()}
+    with open("/work/.fleet/executed.json", "w") as f:
+        json.dump(found, f)
+"""
+MAX_TRACED = 10
+MIN_TRACE_S = 5.0
+WALL_MARGIN_S = 15.0  # the report must be out before the sandbox's wall limit
+
+
+def trace_order(failing):
+    """The failing tests to trace: at most MAX_TRACED, at most two of each test function (its
+    parameters stripped) before any third, so that one parametrised failure cannot fill them."""
+    counts, first, rest = {}, [], []
+    for test_id in failing:
+        key = test_id.split("[", 1)[0]
+        counts[key] = counts.get(key, 0) + 1
+        (first if counts[key] <= 2 else rest).append(test_id)
+    return (first + rest)[:MAX_TRACED]
+
+
+def traced(job, cwd, failing, left_s):
+    """The lines of the repository the failing tests (`trace_order`, junit ids) execute, run
+    again alone with the test command's pytest arguments and a tracing plugin of ours (sys.settrace,
+    only frames of files under the copy), within `left_s`: {path relative to the repository: [line
+    numbers]} per test id; empty when it did not finish."""
+    timeout_s = min(job["timeout_s"], left_s - WALL_MARGIN_S)
+    if timeout_s < MIN_TRACE_S:
+        return {}
+    os.makedirs("/work/.fleet/trace", exist_ok=True)
+    with open("/work/.fleet/trace/fleet_trace.py", "w") as f:
+        f.write(TRACE_PLUGIN)
+    with open("/work/.fleet/trace_ids.json", "w") as f:
+        json.dump(trace_order(failing), f)
+    env = in_process_environment(job, cwd)
+    env["PYTHONPATH"] = f"/work/.fleet/trace:{env['PYTHONPATH']}"
+    env["PYTEST_ADDOPTS"] = "-p no:cacheprovider --import-mode=append -p fleet_trace"
+    run(["python", "-m", "pytest", *job["trace_args"]], cwd, env, timeout_s)
+    with contextlib.suppress(OSError, ValueError), open("/work/.fleet/executed.json") as f:
+        found = json.load(f)
+        if isinstance(found, dict):
+            return found
+    return {}
+
+
+class Zygote:
+    """pytest imported once, in a fork of this program made before it reads its job (so neither
+    it nor any fork of it holds the hidden tests or the sample): each plain run is a fork of it,
+    which runs pytest on the copy as plain pytest does, in process. The zygote, not this program,
+    is that run's parent: what the code under test does to its parent (SIGSTOP, a kill) stops
+    the zygote, and the run times out."""
+
+    def __init__(self):
+        ours, theirs = socket.socketpair()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                ours.close()
+                zygote_serve(theirs)
+            finally:
+                os._exit(70)
+        theirs.close()
+        self.sock = ours
+        SPARED.add(self.pid)
+
+    def run(self, request, timeout_s):
+        """The exit status of one plain run (None: it timed out, or the zygote is gone)."""
+        if self.pid not in SPARED:
+            return None
+        try:
+            self.sock.sendall((json.dumps(request) + "\n").encode())
+            self.sock.settimeout(timeout_s + 5)
+            reply = self.sock.makefile("rb").readline()
+            return json.loads(reply)["exit"]
+        except (OSError, ValueError, KeyError):  # stopped or killed by the code under test
+            SPARED.discard(self.pid)
+            return None
+
+
+def preload_pytest():
+    """pytest and its built-in plugins from the environment, imported once before anything
+    forks: the zygote's plain runs and the boundary's test processes start with them."""
+    if not os.path.isdir("/mnt/env"):
+        return
+    sys.path.append("/mnt/env")
+    try:
+        with contextlib.suppress(ImportError):
+            import _pytest.config
+            import pytest  # noqa: F401
+
+            for name in _pytest.config.default_plugins:
+                with contextlib.suppress(ImportError):
+                    importlib.import_module(f"_pytest.{name}")
+    finally:
+        sys.path.remove("/mnt/env")
+
+
+def zygote_serve(sock):
+    lines = sock.makefile("rb")
+    for line in lines:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock.close()
+                plain_child(**request)
+            finally:
+                os._exit(70)
+        deadline = time.monotonic() + request["timeout_s"]
+        code = None
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            time.sleep(0.005)
+        if code is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        sock.sendall((json.dumps({"exit": code}) + "\n").encode())
+
+
+def plain_child(args, cwd, env, path, out, timeout_s):
+    """The plain run: pytest as `python -m pytest ARGS` runs it in `cwd` with `env` (the
+    repository after the standard library and the environment), our outcomes plugin added."""
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again, as an exec'd pytest would be
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:] = path
+    sys.argv = ["pytest", *args]
+    importlib.invalidate_caches()
+    os.chdir(cwd)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = sys.stderr = open(1, "w", closefd=False)  # noqa: SIM115 (never returns)
+    plugin = types.ModuleType("fleet_outcomes")
+    exec(compile(OUTCOMES_PLUGIN, "fleet_outcomes.py", "exec"), plugin.__dict__)
+    import pytest
+
+    code = int(pytest.main(["-p", "no:cacheprovider", *args], plugins=[plugin]))
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def plain(state, job, args, ran):
+    """pytest on the copy as plain pytest runs it, in process (full fidelity, forgeable: the code
+    under test shares the process), each test id's outcome (subtests rolled up) read from a plugin
+    of ours: {"outcomes": {id: passed|failed|skipped|xfailed|xpassed}, ...}."""
+    state.fresh()
+    cwd = os.path.join(REPO, job.get("subdir", ""))
+    env = in_process_environment(job, cwd)
+    env_paths = [p for p in ("/mnt/env",) if os.path.isdir(p)]
+    stdlib = [p for p in sys.path if p and p not in env_paths and not p.startswith(WORK)]
+    request = {
+        "args": args,
+        "cwd": cwd,
+        "env": env,
+        "path": [*env_paths, *stdlib, cwd, os.path.join(cwd, "src")],
+        "out": "/work/.fleet/plain.out",
+        "timeout_s": job["timeout_s"],
+    }
+    start = time.monotonic()
+    code = state.zygote.run(request, job["timeout_s"])
+    duration = time.monotonic() - start
+    outcomes, out = {}, ""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/work/.fleet/outcomes.json") as f:
+            found = json.load(f)
+        if isinstance(found, dict):
+            outcomes = {str(k): str(v) for k, v in found.items()}
+    with contextlib.suppress(OSError), open("/work/.fleet/plain.out", errors="replace") as f:
+        out = f.read()
+    return {
+        "outcomes": outcomes,
+        "ran": ran,
+        "timeout": code is None,
+        "exit": code,
+        "output": excerpt(out),
+        "duration_s": round(duration, 3),
+    }
+
+
 def shims(python):
     os.makedirs("/work/.bin", exist_ok=True)
     for name in ("python", "python3"):
@@ -245,21 +524,32 @@ def wipe(path):
     shutil.rmtree(path)
 
 
+SPARED = set()  # the zygote: kept between commands (what it forks is not)
+
+
 def kill_all():
-    """Every other process of the sandbox (pid 1 aside), then their exit statuses: we are the
-    child subreaper, so whatever a command left behind is reparented here and reaped."""
-    for _ in range(100):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(-1, signal.SIGKILL)
+    """Every other process of the sandbox (pid 1 and the zygote aside), then their exit statuses:
+    we are the child subreaper, so whatever a command left behind is reparented here and reaped.
+    A zygote that no longer reaps its own (stopped by the code under test) is ended too."""
+    for attempt in range(200):
+        others = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) not in (1, os.getpid(), *SPARED):
+                others.append(int(name))
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(name), signal.SIGKILL)
         while True:
             try:
-                os.waitpid(-1, 0)
+                pid, _status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
-        try:
-            os.kill(-1, 0)
-        except ProcessLookupError:
+            if pid == 0:
+                break
+        if not others:
             return
+        if attempt > 100:  # what is left is the zygote's, unreaped: it goes too
+            SPARED.clear()
+        time.sleep(0.001)
     raise RuntimeError("processes of a command outlived it")
 
 
@@ -333,15 +623,33 @@ def config_changes(changed):
     ]
 
 
+def restore(path):
+    """`path` of the copy as the base commit has it (removed when the base has none)."""
+    target, base = (
+        os.path.normpath(os.path.join(REPO, path)),
+        os.path.normpath(os.path.join("/mnt/repo", path)),
+    )
+    if not target.startswith(REPO + "/"):
+        return
+    if os.path.lexists(target):
+        wipe(target)
+    if os.path.isfile(base) and not os.path.islink(base):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(base, target)
+
+
 class Job:
     """The job's state: the patched copy as it must be before each command."""
 
-    def __init__(self, job, patch):
+    def __init__(self, job, patch, base_paths=(), zygote=None):
         self.job = job
+        self.zygote = zygote
         self.patch = patch
+        self.base_paths = list(base_paths)  # kept as the base has them whatever the patch did
         self.snapshot = None
         self.applies = True
         self.apply_output = ""
+        self.changed = []
 
     def build(self):
         """/work/repo: the read-only workspace copied, the patch applied."""
@@ -354,8 +662,11 @@ class Job:
                 if not os.path.islink(path):
                     os.chmod(path, os.stat(path).st_mode | 0o200)
         os.makedirs("/work/.fleet", exist_ok=True)
-        if self.patch is not None:
+        if self.patch:  # an empty patch: the base as it is ("no change proposed")
             self.applies, self.apply_output = apply_patch(self.job["git"], self.patch, environment(self.job))
+            self.changed = changed_paths("/mnt/repo", REPO)  # before the base's test side returns
+        for path in self.base_paths:
+            restore(path)
         self.snapshot = snapshot(REPO)
 
     def fresh(self):
@@ -397,16 +708,61 @@ def drain(fds, timeout_s):
     return {fd: b"".join(c) for fd, c in chunks.items()}, True
 
 
-def session(state, boundary, job, args=None, hidden=None):
+def doctest_options(args):
+    """The test command's doctest options: test ids run again need them (a doctest's id is not
+    found without them, and pytest then runs none of the ids)."""
+    return [a for a in args or () if a.startswith("--doctest")]
+
+
+def hidden_sessions(state, boundary, job):
+    """The hidden tests across the boundary, each test function in a session of its own (a fresh
+    state: what the code wrote to files, /dev/shm or its own copy for one test is gone before the
+    next, as its process is), merged into one session's report; all within one `timeout_s`."""
+    ids = job.get("hidden_ids") or [None]
+    deadline = time.monotonic() + job["timeout_s"]
+    merged = {"results": {}, "collected": [], "collect_errors": [], "done": True, "timeout": False}
+    outputs, took = [], 0.0
+    for test_id in ids:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            merged["timeout"] = True
+            break
+        one = session(
+            state,
+            boundary,
+            job,
+            args=[test_id] if test_id else None,
+            hidden=job["hidden_tests"],
+            timeout_s=left,
+        )
+        merged["results"].update(one["results"])
+        merged["collected"] += [i for i in one["collected"] if i not in merged["collected"]]
+        merged["collect_errors"] += [e for e in one["collect_errors"] if e not in merged["collect_errors"]]
+        merged["done"] = merged["done"] and one["done"]
+        merged["timeout"] = merged["timeout"] or one["timeout"]
+        if one.get("harness_error") and "harness_error" not in merged:
+            merged["harness_error"] = one["harness_error"]
+        merged["exit"] = max(merged.get("exit", 0), one.get("exit", 0))
+        outputs.append(one["output"])
+        took += one["duration_s"]
+    merged.update(output=excerpt("\n".join(outputs)), duration_s=round(took, 3), not_found=[])
+    return merged
+
+
+def session(state, boundary, job, args=None, hidden=None, timeout_s=None):
     """One counted test session across the boundary (boundary.py), in a fresh state; its
-    outcomes read from a pipe only the test process holds."""
+    outcomes read from a pipe only the test process holds. `args`: test ids (run with the test
+    command's doctest options), or with `hidden`, the hidden test functions to run."""
     state.fresh()
     cwd = os.path.join(REPO, job.get("subdir", ""))
     base = os.path.join("/mnt/repo", job.get("subdir", ""))
+    ids = args or []  # with `hidden`, none: every hidden test
+    if ids and not hidden:
+        ids = [*doctest_options(job.get("visible_args")), *ids]
     spec = {
         "wire_path": "/fleet/init.py",
         "source": job["boundary_source"],
-        "args": list(args or []),
+        "args": ids,
         "cwd": base,  # the base's tests, read-only: the patch cannot change them
         "code_cwd": cwd,  # the code under test runs in the patched copy
         "roots": [cwd, os.path.join(cwd, "src")],
@@ -431,18 +787,26 @@ def session(state, boundary, job, args=None, hidden=None):
             os._exit(70)
     os.close(results_w)
     os.close(out_w)
-    data, finished = drain([results_r, out_r], job["timeout_s"])
+    data, finished = drain([results_r, out_r], job["timeout_s"] if timeout_s is None else timeout_s)
     os.close(results_r)
     os.close(out_r)
     kill_all()
+    output = data[out_r].decode(errors="replace")
     report = {
         "results": {},
         "collected": [],
         "collect_errors": [],
         "done": False,
         "timeout": not finished,
-        "output": excerpt(data[out_r].decode(errors="replace")),
+        "output": excerpt(output),
         "duration_s": round(time.monotonic() - start, 3),
+        # ids pytest did not find (it then runs none): a doctest of a name the base's source does
+        # not bind. Read from output the code under test can write to: trusted only on the base
+        "not_found": [
+            line.removeprefix(f"ERROR: not found: {base}").lstrip("/")
+            for line in output.splitlines()
+            if line.startswith("ERROR: not found: ")
+        ],
     }
     for line in data[results_r].decode(errors="replace").splitlines():
         try:
@@ -476,28 +840,83 @@ def load_boundary(source):
     return module
 
 
+def named_ids(passing, hidden_source, limit):
+    """Of the base's passing tests, those named after what the hidden tests import from the code
+    (`from pkg import ordinal`: `test_ordinal[13-13th]`, `...strutils.camel2under` as a doctest),
+    at most `limit`, those whose parameters hold a constant of the hidden tests first (`'13'`:
+    `[13-13th]`): the plan samples them besides its random draw, so that code which answers one
+    way in a pytest process and another across the boundary (where the hidden tests run) is
+    caught by the project's own tests of the same calls."""
+    try:
+        tree = ast.parse(hidden_source or "")
+    except SyntaxError:
+        return []
+    names = {
+        alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.level == 0
+        for alias in node.names
+        if alias.name != "*" and len(alias.name) > 1
+    }
+    if not names:
+        return []
+    constants = {
+        str(n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str | int | float) and str(n.value)
+    }
+    word = re.compile("(?:^|_)(?:" + "|".join(re.escape(n) for n in sorted(names)) + ")(?:_|$)")
+    found = []
+    for test_id in passing:
+        name = test_id.partition("[")[0]
+        if any(word.search(part) for part in re.split(r"[^A-Za-z0-9_]", name.rsplit("/", 1)[-1])):
+            found.append(test_id)
+    found.sort(key=lambda i: not constants & set(i.partition("[")[2].rstrip("]").split("-")))
+    return found[:limit]
+
+
 def main():
     libc = ctypes.CDLL(None)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no child opens our stdout via /proc
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: what a command leaves behind is ours to end
+    zygote = None
+    if os.path.exists("zygote"):  # the job runs plain pytest (a tool's job does not)
+        os.unlink("zygote")
+        preload_pytest()
+        zygote = Zygote()  # before the job is read: no fork of it holds the hidden tests
     with open("job.json") as f:
         job = json.load(f)
     os.unlink("job.json")  # the hidden tests are in our memory only
     started = time.monotonic()
     boundary = load_boundary(job["boundary_source"]) if "boundary_source" in job else None
     report = {}
+    args = job.get("visible_args")  # the test command's pytest arguments; None: not pytest
     if job.get("plan"):  # the base commit's sessions first: what counts, before the patch
-        state = Job(job, None)
+        state = Job(job, None, zygote=zygote)
         state.build()
-        if job.get("visible_args") is not None:
-            report["plan_visible"] = session(state, boundary, job, args=job["visible_args"])
+        if args is not None:
+            report["plan_plain"] = base = plain(state, job, args, "plain pytest on the base commit")
+            passing = sorted(i for i, o in base["outcomes"].items() if o == "passed")
+            size = min(int(job.get("sample_size", 0)), len(passing))
+            named = named_ids(passing, job.get("hidden_tests"), int(job.get("named_size", 0)))
+            report["plan_named"] = named
+            drawn = random.Random(job.get("seed", 0)).sample(passing, size)
+            sample = list(dict.fromkeys([*named, *drawn]))
+            if sample:  # which of them the boundary can judge: re-run across it after the patch
+                report["plan_sample"] = sampled = session(state, boundary, job, args=sample)
+                for _ in range(MAX_NOT_FOUND_RETRIES):  # the base (no patch yet): its output is trusted
+                    found = [i for i in sample if i not in sampled["not_found"]]
+                    if found == sample or not found or sampled["results"]:
+                        break
+                    sample = found
+                    report["plan_sample"] = sampled = session(state, boundary, job, args=sample)
         if job.get("hidden_tests"):
-            report["plan_hidden"] = session(state, boundary, job, hidden=job["hidden_tests"])
+            report["plan_hidden"] = hidden_sessions(state, boundary, job)
         if job.get("patch") is None:
             kill_all()
             print(REPORT_MARK + json.dumps(report))
             return
-    state = Job(job, job.get("patch"))
+    state = Job(job, job.get("patch"), job.get("base_paths", ()), zygote)
     state.build()
     cwd = os.path.join(REPO, job.get("subdir", ""))
     if job.get("patch") is not None:
@@ -505,15 +924,53 @@ def main():
         if not state.applies:
             print(REPORT_MARK + json.dumps(report))
             return
-        report["changed"] = changed_paths("/mnt/repo", REPO)
-        report["pytest_config_changed"] = config_changes(report["changed"])
+        report["changed"] = state.changed
+        report["pytest_config_changed"] = config_changes(state.changed)
+        if report["pytest_config_changed"]:  # the base's configuration judges the patch
+            state.base_paths += report["pytest_config_changed"]
+            state.build()
     if job.get("tool"):
         try:
             report["tool_output"] = tool(job, cwd)
         except (ValueError, TypeError, OSError, re.error) as exc:  # the model's arguments
             report["tool_output"] = f"error: {exc}"
-    if job.get("visible_args") is not None:
-        report["visible"] = session(state, boundary, job, args=job["visible_args"])
+    if args is not None and job.get("patch") is not None:
+        report["plain"] = after = plain(state, job, args, "plain pytest on the patched copy")
+        ids = job.get("boundary_ids")
+        if ids is None and "plan_plain" in report:  # the sample that crossed, the base's failures
+            crossed = report.get("plan_sample", {}).get("results", {}).items()
+            ids = [i for i, r in crossed if r["outcome"] == "passed"]
+            failing = [i for i, o in report["plan_plain"]["outcomes"].items() if o == "failed"]
+            ids += failing[: int(job.get("max_failing", 0))]
+        if ids:
+            report["visible"] = session(state, boundary, job, args=ids)
+            results = report["visible"]["results"].items()
+            against = [
+                i for i, r in results if r["outcome"] != "passed" and after["outcomes"].get(i) == "passed"
+            ]
+            if against:  # each again, in a session of its own: what a session's order did is not it
+                report["visible_again"] = again = {
+                    i: session(state, boundary, job, args=[i]) for i in against[:3]
+                }
+                alone = [i for i, s in again.items() if s["results"].get(i, {}).get("outcome") != "passed"]
+                if alone:  # and on the base, which the patch cannot touch: can the boundary judge it?
+                    base_state = Job(job, None, zygote=zygote)
+                    report["visible_base"] = {i: session(base_state, boundary, job, args=[i]) for i in alone}
+        p2p = job.get("pass_to_pass")
+        if p2p is None:
+            p2p = [i for i, o in report.get("plan_plain", {}).get("outcomes", {}).items() if o == "passed"]
+        regressed = [i for i in p2p if after["outcomes"].get(i) != "passed"]
+        if regressed and not after["timeout"] and len(regressed) <= int(job.get("max_recheck", 0)):
+            base_state = Job(
+                job, None, zygote=zygote
+            )  # the same tests on the base again: a flaky one is left out
+            base_state.fresh()  # (as the patched run may have left /work: fresh() undoes that first)
+            report["base_recheck"] = plain(
+                base_state,
+                job,
+                [*doctest_options(args), *regressed],
+                "plain pytest on the base commit, again",
+            )
     elif job.get("test_command"):
         state.fresh()
         shims(sys.executable)
@@ -526,12 +983,17 @@ def main():
             f"{job['test_command']} (in {job.get('subdir') or '.'})",
             require_report=bool(job.get("require_report")),
         )
+        failing = report["tests"].get("failing")
+        if job.get("trace_args") is not None and failing and report["tests"]["status"] == "failed":
+            state.fresh()
+            shims(sys.executable)
+            report["executed"] = traced(job, cwd, failing, job["wall_s"] - (time.monotonic() - started))
     if job.get("ruff_changed") is not None:
         state.fresh()
         changed = report.get("changed", job["ruff_changed"])
         report["ruff_issues"], report["ruff_output"] = ruff(job, environment(job), changed)
     if job.get("hidden_tests"):
-        report["hidden"] = session(state, boundary, job, hidden=job["hidden_tests"])
+        report["hidden"] = hidden_sessions(state, boundary, job)
     kill_all()
     report["job_s"] = round(time.monotonic() - started, 3)
     print(REPORT_MARK + json.dumps(report))

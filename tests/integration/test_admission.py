@@ -18,7 +18,7 @@ import dagster as dg
 import pytest
 
 from fleet_pipelines.assets.deliberation import materialize_deliberation
-from fleet_pipelines.dispatch.admission import NOT_STARTED
+from fleet_pipelines.dispatch.admission import NOT_STARTED, Submission
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
 from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.deliberation import TurnContext, proposal_requests
@@ -52,7 +52,8 @@ def slot_holder(task_id: str) -> TurnRequest:
 def still_running(queue, turn_id: str) -> bool:
     import ray
 
-    return ray.get(queue.poll.remote({turn_id: 0}, 0.0)).get(turn_id, {}).get("result") is None
+    news = ray.get(queue.poll.remote({turn_id: 0}, 0.0)).get(turn_id)
+    return news is None or news.result is None
 
 
 def engine(url: str) -> EngineSettings:
@@ -69,7 +70,8 @@ def wait_for_first_chunk(queue, turn_id: str, timeout_s: float = 60) -> None:
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if ray.get(queue.poll.remote({turn_id: 0}, 1.0)).get(turn_id, {}).get("chunks"):
+        news = ray.get(queue.poll.remote({turn_id: 0}, 1.0)).get(turn_id)
+        if news is not None and news.chunks:
             return
     raise AssertionError(f"{turn_id} streamed nothing in {timeout_s} s")
 
@@ -137,7 +139,7 @@ def test_an_abandoned_turn_closes_its_stream(llm_server: str, connected):
     import ray
 
     queue = engine_queue(engine(llm_server), DispatchSettings())
-    ray.get(queue.submit.remote([("abandoned-1", slot_holder("abandoned-1"), math.inf)]))
+    ray.get(queue.submit.remote([Submission("abandoned-1", slot_holder("abandoned-1"), math.inf)]))
     wait_for_first_chunk(queue, "abandoned-1")
     assert slots_processing(llm_server) == 1
     assert ray.get(queue.abandon.remote(["abandoned-1"])) == 1
@@ -152,7 +154,7 @@ def test_a_turn_that_cannot_make_its_deadline_is_timeout_without_being_sent(llm_
 
     settings = DispatchSettings(capacity=1)  # one slot, held by a long turn
     queue = engine_queue(engine(llm_server), settings)
-    ray.get(queue.submit.remote([("long-1", slot_holder("long-1"), math.inf)]))
+    ray.get(queue.submit.remote([Submission("long-1", slot_holder("long-1"), math.inf)]))
     wait_for_first_chunk(queue, "long-1")
     try:
         [result] = RayTurnDispatcher(engine(llm_server), settings, TurnContext(deadline=time.time() + 2))(
@@ -228,7 +230,7 @@ def test_reviews_go_to_the_slot_that_wrote_their_proposal_and_reuse_its_prompt(l
         async def phase(requests: list[TurnRequest]) -> list:
             ids = [f"{r.kind.value}-{r.agent_id}-{r.target_agent_id}" for r in requests]
             deadline = time.time() + 300  # one run's deadline
-            await queue.submit([(i, r, deadline) for i, r in zip(ids, requests, strict=True)])
+            await queue.submit([Submission(i, r, deadline) for i, r in zip(ids, requests, strict=True)])
             await asyncio.gather(*(queue._turns[i].task for i in ids))  # each turn's run to its result
             return [queue._turns[i] for i in ids]
 

@@ -20,7 +20,7 @@ from fleet_pipelines.domain.models import Role, Task, TurnKind, TurnRequest, Tur
 from fleet_pipelines.llm.engine import EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME
 from fleet_pipelines.resources.turns import RayTurnRunner
-from fleet_pipelines.scoring.checks import execution_checks
+from fleet_pipelines.scoring.code import execution_checks
 from tests.factories import turn
 from tests.scripted import record, recorded
 

@@ -136,7 +136,10 @@ def test_the_patch_that_fixes_the_repository_wins_and_is_pushed(
     assert "before: 1 passed, 1 failing" in fixer.check("tests").evidence
     assert broken.value("patch_applies") == 0.0 and broken.value("tests") == 0.0
     assert breaker.value("patch_applies") == 1.0
-    assert breaker.value("tests") == pytest.approx(2 / 4)  # test_add + hidden add pass, both mul fail
+    # test_mul (passing on the base) and the hidden mul test fail, the hidden add test passes, and
+    # so does test_add: it fails on the base and the task names it (a fail-to-pass test): 2 of 4
+    assert breaker.value("tests") == 0.5
+    assert "1 of the 1 failing tests the task names now pass" in breaker.check("tests").evidence
     assert "test_mul" in breaker.check("tests").output
     assert fixer.score > breaker.score > broken.score
 

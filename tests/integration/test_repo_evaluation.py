@@ -42,8 +42,9 @@ def test_every_generated_repository_has_a_real_bug_its_fix_and_hidden_tests(case
         fixed = score_patch(workspace, case.fix, case.hidden_tests)
         assert fixed.applies and fixed.tests.status == "passed" and fixed.hidden.status == "passed"
         assert fixed.hidden.passed >= 1
-        unfixed = score_patch(workspace, "", case.hidden_tests)
-        assert not unfixed.applies
+        unfixed = score_patch(workspace, "", case.hidden_tests)  # no change proposed: scored as the base
+        assert unfixed.applies and unfixed.changed_files == [] and unfixed.hidden.status == "failed"
+        assert unfixed.tests.failed == 0 and unfixed.tests.not_counted >= 1  # the base's failure: not counted
 
 
 @needs_sandbox

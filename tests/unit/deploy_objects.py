@@ -59,7 +59,24 @@ INSTANCE = load((DAGSTER_DIR / "dagster.yaml").read_text())
 VALUES = load((DEPLOY / "helm" / "dagster-values.yaml").read_text())
 NATS_VALUES = load((DEPLOY / "helm" / "nats-values.yaml").read_text())
 
+# The flow table (deploy/flows.yaml) and the operator's address list filled in as its example.
+FLOW_TABLE = load((DEPLOY / "flows.yaml").read_text())
+EGRESS_EXAMPLE = load_all((DEPLOY / "egress.example.yaml").read_text())
+
 Pod = dict[str, Any]  # a PodSpec
+
+
+def parse_ports(ports: list[str] | str) -> set[tuple[str, int]] | None:
+    """["TCP 443", "UDP 53"] as {(protocol, port)}; "every port" as None."""
+    if ports == "every port":
+        return None
+    return {(p.split()[0], int(p.split()[1])) for p in ports}
+
+
+def table_rows() -> list[tuple[set[str], set[str], set[tuple[str, int]] | None]]:
+    """(from components, to components, (protocol, port) set or None for every port) of each flow
+    of deploy/flows.yaml."""
+    return [(set(f["from"]), set(f["to"]), parse_ports(f["ports"])) for f in FLOW_TABLE["flows"]]
 
 
 def load_docs(directory: Path) -> list[dict[str, Any]]:
@@ -91,14 +108,23 @@ def _parsed_docs(directory: Path) -> list[dict[str, Any]]:
         metadata = {"name": generator["name"]}
         if "namespace" in generator:
             metadata["namespace"] = generator["namespace"]
+        if labels := generator.get("options", {}).get("labels"):
+            metadata["labels"] = labels
         docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
     return docs
 
 
 def json_patch(doc: dict[str, Any], operations: list[dict[str, Any]]) -> None:
-    """RFC 6902 add / replace / remove, the operations deploy/'s patches use (kustomize applies
-    them with the same meaning)."""
+    """RFC 6902 add / replace / remove / test, the operations deploy/'s patches use (kustomize
+    applies them with the same meaning)."""
     for op in operations:
+        if op["op"] == "test":
+            *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+            node: Any = doc
+            for key in [*parents, last]:
+                node = node[int(key)] if isinstance(node, list) else node[key]
+            assert node == op["value"], op
+            continue
         *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
         node: Any = doc
         for key in parents:
@@ -251,6 +277,95 @@ def chart_storage(values: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# The chart's RBAC (dagster-io/dagster, helm/dagster, read at the commits named; the source index
+# here holds default-branch versions and cannot select the 1.13.27 tag, and the switches used
+# below read the same in every version read): with `rbacEnabled` (default true) the parent chart
+# binds its service account to templates/role.yaml's Role (commit 539a50b0), and the
+# dagster-user-deployments subchart, with its own `rbacEnabled` (default true), binds the code
+# server's account to its templates/role.yaml's (commit 1885ee04).
+CHART_ROLE_RULES = [
+    {
+        "apiGroups": ["batch"],
+        "resources": ["jobs"],
+        "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+    },
+    {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["get", "watch", "list"]},
+    {
+        "apiGroups": [""],
+        "resources": ["pods", "events"],
+        "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+    },
+    {"apiGroups": [""], "resources": ["pods/log", "pods/status"], "verbs": ["get", "watch", "list"]},
+]
+USER_DEPLOYMENTS_ROLE_RULES = [
+    {"apiGroups": ["batch"], "resources": ["jobs", "jobs/status", "cronjobs"], "verbs": ["*"]},
+    {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status"], "verbs": ["*"]},
+]
+
+
+def chart_service_account(values: dict[str, Any]) -> str:
+    """The webserver's and daemon's account (templates/helpers/_helpers.tpl
+    `dagster.serviceAccountName`): global.serviceAccountName, else serviceAccount.name, else the
+    chart's full name (`dagster` for release `dagster`)."""
+    return (
+        values.get("global", {}).get("serviceAccountName")
+        or values.get("serviceAccount", {}).get("name")
+        or "dagster"
+    )
+
+
+def user_deployments_service_account(values: dict[str, Any]) -> str:
+    """The code server's account (the subchart's templates/helpers/_helpers.tpl
+    `dagsterUserDeployments.serviceAccountName`): global.serviceAccountName, else the subchart's
+    serviceAccount.name, else `<full name>-user-deployments` (the subchart's full name is
+    `dagster-dagster-user-deployments` for release `dagster`)."""
+    user = values.get("dagster-user-deployments", {})
+    return (
+        values.get("global", {}).get("serviceAccountName")
+        or user.get("serviceAccount", {}).get("name")
+        or "dagster-dagster-user-deployments-user-deployments"
+    )
+
+
+def chart_rbac(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ServiceAccounts, Roles and RoleBindings the chart renders from `values` (release
+    `dagster` in `fleet`): templates/serviceaccount.yaml (serviceAccount.create, default true),
+    role.yaml and rolebinding.yaml (rbacEnabled, default true); the subchart's
+    serviceaccount.yaml (its serviceAccount.create, default true, and no global.serviceAccountName),
+    role.yaml and rolebinding.yaml (its rbacEnabled, default true)."""
+    user = values.get("dagster-user-deployments", {})
+    global_account = values.get("global", {}).get("serviceAccountName")
+    objects: list[dict[str, Any]] = []
+
+    def grant(role: str, rules: list[dict[str, Any]], account: str) -> None:
+        meta = {"name": role, "namespace": "fleet"}
+        objects.append({"kind": "Role", "metadata": meta, "rules": copy.deepcopy(rules)})
+        subject = {"kind": "ServiceAccount", "name": account, "namespace": "fleet"}
+        objects.append(
+            {
+                "kind": "RoleBinding",
+                "metadata": {"name": f"{role}binding", "namespace": "fleet"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+                "subjects": [subject],
+            }
+        )
+
+    if values.get("serviceAccount", {}).get("create", True):
+        objects.append({"kind": "ServiceAccount", "metadata": {"name": chart_service_account(values)}})
+    if values.get("rbacEnabled", True):
+        grant("dagster-role", CHART_ROLE_RULES, chart_service_account(values))
+    if user.get("serviceAccount", {}).get("create", True) and not global_account:
+        account = user_deployments_service_account(values)
+        objects.append({"kind": "ServiceAccount", "metadata": {"name": account}})
+    if user.get("rbacEnabled", True):
+        grant(
+            "dagster-dagster-user-deployments-role",
+            USER_DEPLOYMENTS_ROLE_RULES,
+            user_deployments_service_account(values),
+        )
+    return objects
+
+
 def chart_pods(values: dict[str, Any]) -> list[tuple[str, Pod]]:
     """The pods the chart creates and the run pods the K8sRunLauncher starts, as far as security
     and ports go: the webserver and daemon Deployments (with the check-db-ready and
@@ -275,6 +390,7 @@ def chart_pods(values: dict[str, Any]) -> list[tuple[str, Pod]]:
             (
                 f"chart/{owner}",
                 {
+                    "serviceAccountName": chart_service_account(values),
                     "securityContext": component.get("podSecurityContext", {}),
                     "initContainers": init,
                     "containers": [main],
@@ -286,6 +402,11 @@ def chart_pods(values: dict[str, Any]) -> list[tuple[str, Pod]]:
             (
                 f"chart/user-deployment/{d['name']}",
                 {
+                    # The subchart's templates/deployment-user.yaml sets the pod's
+                    # automountServiceAccountToken to true (commit 042cec96): whatever the
+                    # account says, the code server holds its token.
+                    "serviceAccountName": user_deployments_service_account(values),
+                    "automountServiceAccountToken": True,
                     "securityContext": d.get("podSecurityContext", {}),
                     "containers": [
                         {
@@ -329,6 +450,24 @@ def launched_run_job(
 _RUN_JOBS: dict[str, dict[str, Any]] = {}
 
 
+@functools.cache
+def launch_instance() -> Any:
+    """The temporary Dagster instance every launch of the process records its run in, made once
+    (~0.5 s each: its SQLite storages migrate) and never entered, so it leaves no defs-state
+    storage in Dagster's context; removed when the process ends."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import dagster as dg
+
+    home = tempfile.mkdtemp(prefix="fleet-run-jobs-")
+    atexit.register(shutil.rmtree, home, True)
+    instance = dg.DagsterInstance.local_temp(home)
+    atexit.register(instance.dispose)  # runs before the folder's removal (last in, first out)
+    return instance
+
+
 def build_run_job(
     launcher_config: dict[str, Any], container_context: dict[str, Any] | None
 ) -> dict[str, Any]:
@@ -340,7 +479,6 @@ def build_run_job(
     created. Returned as Kubernetes JSON."""
     import tempfile
 
-    import dagster as dg
     import kubernetes
     from dagster._config import process_config
     from dagster._core.code_pointer import ModuleCodePointer
@@ -356,25 +494,25 @@ def build_run_job(
         processed = process_config(K8sRunLauncher.config_type(), config)
         assert processed.success, processed.errors
         launcher = K8sRunLauncher(**processed.value)
-        with dg.DagsterInstance.local_temp(home) as instance:
-            launcher.register_instance(instance)
-            submitted: list[tuple[str, Any]] = []
+        instance = launch_instance()
+        launcher.register_instance(instance)
+        submitted: list[tuple[str, Any]] = []
 
-            def fake_create_job(body: Any, namespace: str) -> None:  # no API server: capture
-                submitted.append((namespace, body))
+        def fake_create_job(body: Any, namespace: str) -> None:  # no API server: capture
+            submitted.append((namespace, body))
 
-            launcher._api_client.create_namespaced_job_with_retries = fake_create_job  # type: ignore[method-assign]
-            origin = JobPythonOrigin(
-                "deliberation",
-                RepositoryPythonOrigin(
-                    executable_path="/opt/venv/bin/python",
-                    code_pointer=ModuleCodePointer("fleet_pipelines.definitions", "defs", None),
-                    container_image=f"registry.example.com/fleet-pipelines:{IMAGE_TAG}",
-                    container_context=container_context,
-                ),
-            )
-            run = create_run_for_test(instance, job_name="deliberation", job_code_origin=origin)
-            launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+        launcher._api_client.create_namespaced_job_with_retries = fake_create_job  # type: ignore[method-assign]
+        origin = JobPythonOrigin(
+            "deliberation",
+            RepositoryPythonOrigin(
+                executable_path="/opt/venv/bin/python",
+                code_pointer=ModuleCodePointer("fleet_pipelines.definitions", "defs", None),
+                container_image=f"registry.example.com/fleet-pipelines:{IMAGE_TAG}",
+                container_context=container_context,
+            ),
+        )
+        run = create_run_for_test(instance, job_name="deliberation", job_code_origin=origin)
+        launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
     ((namespace, job),) = submitted
     job = kubernetes.client.ApiClient().sanitize_for_serialization(job)
     job["metadata"]["namespace"] = namespace
@@ -388,15 +526,15 @@ def instance_run_job() -> dict[str, Any]:
 
 
 def chart_run_launcher(values: dict[str, Any]) -> dict[str, Any]:
-    """The K8sRunLauncher config the chart renders from our values (release `dagster`, so the chart's
-    full name and service account are `dagster`): templates/helpers/instance/_run-launcher.tpl,
-    keys of runK8sConfig snake_cased one level down."""
+    """The K8sRunLauncher config the chart renders from our values (release `dagster`):
+    templates/helpers/instance/_run-launcher.tpl, keys of runK8sConfig snake_cased one level
+    down."""
     launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
     config = {
         "load_incluster_config": True,
         "job_namespace": launcher["jobNamespace"],
         "image_pull_policy": launcher["imagePullPolicy"],
-        "service_account_name": "dagster",
+        "service_account_name": chart_service_account(values),
         "dagster_home": values["global"]["dagsterHome"],
         "instance_config_map": "dagster-instance",
         "postgres_password_secret": values["global"]["postgresqlSecretName"],
@@ -425,7 +563,7 @@ def chart_container_context(values: dict[str, Any]) -> dict[str, Any] | None:
             *[r["name"] for r in deployment.get("envConfigMaps", [])],
         ],
         "namespace": "fleet",
-        "service_account_name": "dagster-dagster-user-deployments-user-deployments",
+        "service_account_name": user_deployments_service_account(values),
     }
     if deployment.get("envSecrets"):
         k8s["env_secrets"] = [r["name"] for r in deployment["envSecrets"]]
@@ -440,19 +578,55 @@ def chart_run_job(values: dict[str, Any]) -> dict[str, Any]:
     return launched_run_job(chart_run_launcher(values), chart_container_context(values))
 
 
+# Every image the NATS chart 2.14.2 can deploy, by the values path that names it, with the chart's
+# default (nats-io/k8s at tag nats-2.14.2, helm/charts/nats/values.yaml; each rendered through
+# the `nats.image` helper by files/stateful-set/{nats,reloader,prom-exporter}-container.yaml and
+# files/nats-box/deployment/container.yaml, which the chart's request-reply test pod reuses).
+NATS_CHART_IMAGES: dict[tuple[str, ...], dict[str, str]] = {
+    ("container", "image"): {"repository": "nats", "tag": "2.14.2-alpine"},
+    ("reloader", "image"): {"repository": "natsio/nats-server-config-reloader", "tag": "0.23.0"},
+    ("promExporter", "image"): {"repository": "natsio/prometheus-nats-exporter", "tag": "0.20.1"},
+    ("natsBox", "container", "image"): {"repository": "natsio/nats-box", "tag": "0.19.7"},
+}
+
+
+def nats_image(values: dict[str, Any], path: tuple[str, ...]) -> str:
+    """The image the NATS chart renders at `path`: our values over the chart's default, through
+    its `nats.image` helper (templates/_helpers.tpl, 2.14.2): repository@digest when a digest is
+    set, else repository:tag; the image's registry, else global.image.registry, in front;
+    fullImageName over everything."""
+    image = dict(NATS_CHART_IMAGES[path])
+    node: Any = values
+    for key in path:
+        node = node.get(key, {})
+    image.update({k: v for k, v in node.items() if v})
+    name = (
+        f"{image['repository']}@{image['digest']}"
+        if image.get("digest")
+        else f"{image['repository']}:{image['tag']}"
+    )
+    registry = image.get("registry") or values.get("global", {}).get("image", {}).get("registry")
+    if registry:
+        name = f"{registry}/{name}"
+    return image.get("fullImageName") or name
+
+
 def nats_pods(values: dict[str, Any]) -> list[tuple[str, Pod]]:
     """The NATS StatefulSet pod (chart 2.14.2, files/stateful-set/pod-template.yaml): the nats
     container, the config reloader when enabled, merged with our `merge` values; and nats-box
     when enabled."""
     spec = copy.deepcopy(values.get("podTemplate", {}).get("merge", {}).get("spec", {}))
-    spec["containers"] = [{"name": "nats", **values.get("container", {}).get("merge", {})}]
+    nats = {"name": "nats", "image": nats_image(values, ("container", "image"))}
+    spec["containers"] = [{**nats, **values.get("container", {}).get("merge", {})}]
     if values.get("reloader", {}).get("enabled", True):
-        spec["containers"].append({"name": "reloader", **values.get("reloader", {}).get("merge", {})})
+        reloader = {"name": "reloader", "image": nats_image(values, ("reloader", "image"))}
+        spec["containers"].append({**reloader, **values.get("reloader", {}).get("merge", {})})
     pods = [("chart/nats", spec)]
     box = values.get("natsBox", {})
     if box.get("enabled", True):
         box_spec = copy.deepcopy(box.get("podTemplate", {}).get("merge", {}).get("spec", {}))
-        box_spec["containers"] = [{"name": "nats-box", **box.get("container", {}).get("merge", {})}]
+        container = {"name": "nats-box", "image": nats_image(values, ("natsBox", "container", "image"))}
+        box_spec["containers"] = [{**container, **box.get("container", {}).get("merge", {})}]
         pods.append(("chart/nats-box", box_spec))
     return pods
 

@@ -11,7 +11,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from fleet_pipelines.dispatch.admission import EngineQueue
+from fleet_pipelines.dispatch.admission import EngineQueue, Submission, TurnNews
+from fleet_pipelines.domain.deliberation import Claim
 from fleet_pipelines.domain.models import Message, Role, TurnKind, TurnRequest, TurnStatus
 from fleet_pipelines.llm.engine import ChatCall, Completion, EngineSettings, OnText
 
@@ -87,10 +88,14 @@ def test_a_reserve_run_fills_idle_slots_and_gives_them_back_to_the_holder_at_onc
     async def scenario() -> None:
         queue, engine = new_queue(capacity=2)
         deadline = time.time() + 600
-        await queue.submit([(k, request(k), deadline) for k in ("a-1", "a-2")], claim=("run-a", 2))
+        await queue.submit(
+            [Submission(k, request(k), deadline) for k in ("a-1", "a-2")], claim=Claim("run-a", 2)
+        )
         await until(lambda: engine.running() == {"a-1", "a-2"})
         # A second run, while the first holds every slot: in reserve, its turns wait.
-        await queue.submit([(k, request(k), deadline) for k in ("b-1", "b-2")], claim=("run-b", 2))
+        await queue.submit(
+            [Submission(k, request(k), deadline) for k in ("b-1", "b-2")], claim=Claim("run-b", 2)
+        )
         assert queue.stats()["holding"] == ["run-a"] and queue.stats()["reserve"] == ["run-b"]
         await asyncio.sleep(0.05)
         assert engine.running() == {"a-1", "a-2"}
@@ -100,7 +105,9 @@ def test_a_reserve_run_fills_idle_slots_and_gives_them_back_to_the_holder_at_onc
         # ... and stream nothing while their slot may still be taken back.
         assert text(queue, "b-1") == text(queue, "b-2") == ""
         # The holder's judge comes: it does not wait for them, the latest sent gives its slot back.
-        await queue.submit([("a-judge", request("a-judge", TurnKind.JUDGE), deadline)], claim=("run-a", 2))
+        await queue.submit(
+            [Submission("a-judge", request("a-judge", TurnKind.JUDGE), deadline)], claim=Claim("run-a", 2)
+        )
         await until(lambda: "a-judge" in engine.running())
         assert ("cancelled", "b-2") in engine.log and engine.running() == {"b-1", "a-judge"}
         assert queue.counts["preempted"] == 1
@@ -126,9 +133,13 @@ def test_on_llama_cpp_a_reserve_run_leaves_the_slots_holding_the_holders_convers
         queue, engine = new_queue(capacity=3)
         queue.scheduler.pin_slots = True  # as on llama.cpp: turns go to the slot holding their conversation
         deadline = time.time() + 600
-        await queue.submit([(k, request(k), deadline) for k in ("a-1", "a-2")], claim=("run-a", 2))
+        await queue.submit(
+            [Submission(k, request(k), deadline) for k in ("a-1", "a-2")], claim=Claim("run-a", 2)
+        )
         await until(lambda: engine.running() == {"a-1", "a-2"})
-        await queue.submit([(k, request(k), deadline) for k in ("b-1", "b-2")], claim=("run-b", 2))
+        await queue.submit(
+            [Submission(k, request(k), deadline) for k in ("b-1", "b-2")], claim=Claim("run-b", 2)
+        )
         await until(lambda: engine.running() == {"a-1", "a-2", "b-1"})  # the slot A never used
         engine.finish("a-1", "a-2")  # between A's phases: its slots keep its proposals
         await asyncio.sleep(0.05)
@@ -136,7 +147,7 @@ def test_on_llama_cpp_a_reserve_run_leaves_the_slots_holding_the_holders_convers
         assert {queue._turns[k].slot for k in ("a-1", "a-2")} == {0, 1} and queue._turns["b-1"].slot == 2
         # A's critique of a-1 goes to the slot that wrote a-1, then A is done with the engine.
         critique = request("a-2", TurnKind.CRITIQUE).model_copy(update={"target_agent_id": "1"})
-        await queue.submit([("a-2-on-1", critique, deadline)], claim=("run-a", 2))
+        await queue.submit([Submission("a-2-on-1", critique, deadline)], claim=Claim("run-a", 2))
         await until(lambda: queue._turns["a-2-on-1"].slot is not None)
         assert queue._turns["a-2-on-1"].slot == queue._turns["a-1"].slot
         engine.finish("a-2")  # the critique's key (its last message) is "a-2"
@@ -153,10 +164,10 @@ def test_a_reserve_runs_deadline_starts_when_it_holds_the_engine():
     async def scenario() -> None:
         queue, engine = new_queue(capacity=1)
         far = time.time() + 600
-        await queue.submit([("a-1", request("a-1"), far)], claim=("run-a", 1))
+        await queue.submit([Submission("a-1", request("a-1"), far)], claim=Claim("run-a", 1))
         await until(lambda: engine.running() == {"a-1"})
         soon = time.time() + 0.3  # the reserve run's own deadline, as its run start gives it
-        await queue.submit([("b-1", request("b-1"), soon)], claim=("run-b", 1))
+        await queue.submit([Submission("b-1", request("b-1"), soon)], claim=Claim("run-b", 1))
         assert math.isinf(await queue.deadline_of("run-b", soon))  # no deadline while in reserve
         await asyncio.sleep(0.5)  # past its given deadline, still in reserve: not refused
         assert queue._turns["b-1"].result is None
@@ -177,20 +188,49 @@ def test_runs_whose_councils_fit_together_all_hold_the_engine_and_turns_without_
     async def scenario() -> None:
         queue, engine = new_queue(capacity=4)
         deadline = time.time() + 600
-        await queue.submit([(k, request(k), deadline) for k in ("a-1", "a-2")], claim=("run-a", 2))
-        await queue.submit([(k, request(k), deadline) for k in ("b-1", "b-2")], claim=("run-b", 2))
-        await queue.submit([(k, request(k), deadline) for k in ("c-1", "c-2")], claim=("run-c", 2))
+        await queue.submit(
+            [Submission(k, request(k), deadline) for k in ("a-1", "a-2")], claim=Claim("run-a", 2)
+        )
+        await queue.submit(
+            [Submission(k, request(k), deadline) for k in ("b-1", "b-2")], claim=Claim("run-b", 2)
+        )
+        await queue.submit(
+            [Submission(k, request(k), deadline) for k in ("c-1", "c-2")], claim=Claim("run-c", 2)
+        )
         assert queue.stats()["holding"] == ["run-a", "run-b"] and queue.stats()["reserve"] == ["run-c"]
         await until(lambda: engine.running() == {"a-1", "a-2", "b-1", "b-2"})
         engine.finish("a-1")
         await until(lambda: "c-1" in engine.running())  # an idle slot goes to the reserve
         # A turn without a claim (an evaluation's) is served like a holder's.
-        await queue.submit([("e-1", request("e-1"), deadline)])
+        await queue.submit([Submission("e-1", request("e-1"), deadline)])
         await until(lambda: "e-1" in engine.running())
         assert ("cancelled", "c-1") in engine.log
         engine.finish("a-2", "b-1", "b-2", "c-1", "c-2", "e-1")
         keys = ("a-2", "b-1", "b-2", "c-1", "c-2", "e-1")
         await until(lambda: all(queue._turns[k].result is not None for k in keys))
         assert all(queue._turns[k].result.status is TurnStatus.COMPLETED for k in keys)
+
+    asyncio.run(scenario())
+
+
+def test_a_poll_answers_typed_news_and_a_resubmission_the_queue_holds_runs_once():
+    """The wire's values: `poll` answers `TurnNews` per turn (the chunks after its cursor, then its
+    result; a turn the queue does not hold, as after a restart, not `known`), and a `Submission`
+    the queue already holds is not run again."""
+
+    async def scenario() -> None:
+        queue, engine = new_queue(capacity=1)
+        turn = Submission("a-1", request("a-1"), time.time() + 600)
+        await queue.submit([turn], claim=Claim("run-a", 1))
+        await until(lambda: "a-1" in engine.running())
+        first = await queue.poll({"a-1": 0, "gone-1": 0}, 1.0)
+        assert first["gone-1"] == TurnNews(known=False)
+        assert first["a-1"] == TurnNews(True, (("a-1 attempt 1. ", 1),), None)
+        await queue.submit([turn], claim=Claim("run-a", 1))  # as a retried submit call would
+        engine.finish("a-1")
+        await until(lambda: queue._turns["a-1"].result is not None)
+        news = (await queue.poll({"a-1": 1}, 1.0))["a-1"]
+        assert news.known and news.chunks == () and news.result is not None
+        assert news.result.content == "a-1 attempt 1, done" and engine.attempts["a-1"] == 1
 
     asyncio.run(scenario())

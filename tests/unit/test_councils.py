@@ -10,17 +10,10 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from fleet_pipelines.assets.deliberation import (
-    build_deliberation_job,
-    deliberation_assets,
-    deliberation_run_config,
-)
-from fleet_pipelines.assets.partitions import deliberation_partitions
 from fleet_pipelines.cli import fleet
 from fleet_pipelines.domain.councils import CouncilsFileError, parse_councils
 from fleet_pipelines.domain.limits import SandboxLimits
 from fleet_pipelines.domain.models import Role, Task, TurnKind
-from fleet_pipelines.names import DELIBERATION_JOB
 from fleet_pipelines.resources.config import (
     EngineConfig,
     OpenAIEngineConfig,
@@ -29,10 +22,9 @@ from fleet_pipelines.resources.config import (
 )
 from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
-from fleet_pipelines.resources.io import DomainIOManager
 from fleet_pipelines.resources.ray_cluster import RayCluster
-from fleet_pipelines.resources.repos import ReposResource
 from fleet_pipelines.resources.turns import RayTurnRunner
+from tests.jobs import deliberation_defs, deliberation_resources, run_deliberation
 from tests.scripted import ScriptedTurnRunner, recorded
 
 COUNCILS = """\
@@ -111,25 +103,13 @@ def test_fleet_councils_list_show_validate(tmp_path: Path):
 
 
 def run(tmp_path: Path, nats_url: str, councils_file: str, fields: dict, log: Path):
-    defs = dg.Definitions(
-        assets=deliberation_assets,
-        jobs=[build_deliberation_job()],
-        resources={
-            "turn_runner": ScriptedTurnRunner(code="def f(x):\n    return x", record_to=str(log)),
-            "council": CouncilResource(councils_file=councils_file),
-            "repos": ReposResource(),
-            "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
-            "nats": NatsResource(url=nats_url),
-        },
+    runner = ScriptedTurnRunner(code="def f(x):\n    return x", record_to=str(log))
+    council = CouncilResource(councils_file=councils_file)
+    defs = deliberation_defs(
+        deliberation_resources(tmp_path / "storage", NatsResource(url=nats_url), runner, council)
     )
     with dg.DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(deliberation_partitions.name, ["c-1"])
-        return defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
-            run_config=deliberation_run_config(fields),
-            instance=instance,
-            partition_key="c-1",
-            raise_on_error=False,
-        )
+        return run_deliberation(defs, instance, "c-1", fields, raise_on_error=False)
 
 
 def test_a_run_takes_its_council_from_the_file_and_shows_it(tmp_path: Path, nats_server: str):
@@ -290,23 +270,13 @@ def test_the_council_is_convened_once_per_run_and_a_file_changed_mid_run_does_no
             "2026-11-26.1", "v2"
         ),
     )
-    defs = dg.Definitions(
-        assets=deliberation_assets,
-        jobs=[build_deliberation_job()],
-        resources={
-            "turn_runner": runner,
-            "council": CouncilResource(councils_file=str(path)),
-            "repos": ReposResource(),
-            "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
-            "nats": NatsResource(url=nats_server),
-        },
+    council = CouncilResource(councils_file=str(path))
+    defs = deliberation_defs(
+        deliberation_resources(tmp_path / "storage", NatsResource(url=nats_server), runner, council)
     )
     fields = {"description": "Write f(x).", "role": "DEV", "num_agents": 2, "rounds": 0}
     with dg.DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(deliberation_partitions.name, ["once-1"])
-        result = defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
-            run_config=deliberation_run_config(fields), instance=instance, partition_key="once-1"
-        )
+        result = run_deliberation(defs, instance, "once-1", fields)
     assert result.success and path.read_text().count("judge_max_tokens: 32") == 1  # rewritten mid-run
     judged = [r for r in recorded(log) if r.kind is TurnKind.JUDGE]
     assert judged and all(r.max_tokens == 64 for r in judged)  # the council of the run's start

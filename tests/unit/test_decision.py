@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from fleet_pipelines.domain.councils import CouncilSettings, build_council
 from fleet_pipelines.domain.decision import decide
-from fleet_pipelines.domain.models import DeliberationStatus, Role, TurnKind, TurnResult, TurnStatus
+from fleet_pipelines.domain.deliberation import current_versions
+from fleet_pipelines.domain.models import DeliberationStatus, TurnKind, TurnResult, TurnStatus
 from tests import factories
 
-AGENTS = build_council(Role.DEV, 3, CouncilSettings())
-IDS = [a.agent_id for a in AGENTS]
+IDS = [a.agent_id for a in factories.council().agents]
 
 
 def turn(agent_id: str, status: TurnStatus, kind: TurnKind = TurnKind.PROPOSE, round_: int = 0) -> TurnResult:
@@ -19,9 +18,8 @@ def turn(agent_id: str, status: TurnStatus, kind: TurnKind = TurnKind.PROPOSE, r
 def run(statuses: list[TurnStatus], revisions: list[TurnStatus] = (), quorum: int | None = None):
     turns = [turn(a, s) for a, s in zip(IDS, statuses, strict=True)]
     turns += [turn(a, s, TurnKind.REVISE, 1) for a, s in zip(IDS, revisions, strict=False)]
-    finals = {t.agent_id: t for t in turns if t.ok}
-    scores = {a: 0.5 + i / 10 for i, a in enumerate(finals)}
-    return decide(AGENTS, turns, finals, scores, {}, quorum)
+    scores = [factories.scored(a, 0.5 + i / 10) for i, a in enumerate(current_versions(turns))]
+    return decide(factories.council(quorum=quorum), turns, scores)
 
 
 OK, FAIL, LATE = TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.TIMEOUT

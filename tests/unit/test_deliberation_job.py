@@ -21,9 +21,6 @@ from click.testing import CliRunner
 from fleet_pipelines import stack
 from fleet_pipelines.assets.deliberation import (
     build_deliberation_job,
-    deliberation_assets,
-    deliberation_partitions,
-    deliberation_run_config,
 )
 from fleet_pipelines.cli import fleet
 from fleet_pipelines.domain.decision import Decision
@@ -35,14 +32,12 @@ from fleet_pipelines.events.streams import DELIBERATION_FAILED, PLAN_APPROVED, P
 from fleet_pipelines.history.status import stored_result
 from fleet_pipelines.history.stored import dump_value, read_stored, stored_path
 from fleet_pipelines.names import DELIBERATION_JOB
-from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.resources.history import HistoryResource
-from fleet_pipelines.resources.io import DomainIOManager
-from fleet_pipelines.resources.repos import ReposResource
 from fleet_pipelines.sensors.outbox import build_outbox_sensor
 from fleet_pipelines.sensors.run_failure import build_run_failure_sensor
 from tests.factories import read_subject
+from tests.jobs import deliberation_defs, deliberation_resources, run_deliberation
 from tests.scripted import ScriptedTurnRunner
 
 ADD = "def add(a, b):\n    return a + b"
@@ -58,30 +53,11 @@ def run_job(
     raise_on_error: bool = True,
 ):
     """One deliberation_job run (in its own test instance unless `instance` is given)."""
-    storage = str(tmp_path / "storage")
-    defs = dg.Definitions(
-        assets=deliberation_assets,
-        jobs=[build_deliberation_job()],
-        resources={
-            "turn_runner": runner,
-            "council": CouncilResource(),
-            "repos": ReposResource(),
-            "io_manager": DomainIOManager(base_path=storage),
-            "nats": nats
-            if isinstance(nats, NatsResource)
-            else NatsResource(url=nats, outbox_path=f"{storage}/outbox"),
-        },
-    )
+    defs = deliberation_defs(deliberation_resources(tmp_path / "storage", nats, runner))
     if instance is not None:
-        instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-        return defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
-            run_config=deliberation_run_config(task_fields),
-            instance=instance,
-            partition_key=task_id,
-            raise_on_error=raise_on_error,
-        )
+        return run_deliberation(defs, instance, task_id, task_fields, raise_on_error)
     with dg.DagsterInstance.ephemeral() as instance:
-        return run_job(tmp_path, nats, task_id, task_fields, runner, instance, raise_on_error)
+        return run_deliberation(defs, instance, task_id, task_fields, raise_on_error)
 
 
 def test_the_job_passes_domain_objects_from_task_to_decision(tmp_path: Path, nats_server: str):
@@ -315,6 +291,10 @@ def test_a_run_stopped_by_its_blocking_check_still_tells_its_outcome(tmp_path: P
     assert outcome["payload"]["reasons"] == decided.reasons
     [collected] = read_subject(nats_resource, "DELIBERATION_RESULTS", "deliberation.failed")
     assert collected["task_id"] == "noquorum-1" and collected["error"] == "All agents failed"
+    # `fleet result` answers from the stored decision: FAILED, with the reasons that say why
+    answered = stored_result(str(tmp_path / "storage"), "noquorum-1")
+    assert answered is not None and answered.status.value == "FAILED" and answered.run_id == result.run_id
+    assert answered.reasons == decided.reasons and decided.reasons
 
 
 class StoppingRunner(ScriptedTurnRunner):

@@ -154,7 +154,7 @@ def test_helm_values_render_the_same_instance_as_the_instance_file():
     rendered = render_instance(VALUES)
     launcher = INSTANCE["run_launcher"]["config"]
     for key in ("job_namespace", "dagster_home", "env_secrets", "run_k8s_config", "image_pull_policy"):
-        assert rendered["run_launcher"][key] == launcher[key], key
+        assert (rendered["run_launcher"].get(key) or None) == (launcher.get(key) or None), key
     for section in ("run_monitoring", "compute_logs"):
         assert rendered[section] == INSTANCE[section], section
     # The chart route also needs no dagster-pg ConfigMap: it writes host, user and db literally.
@@ -193,8 +193,10 @@ def test_user_code_deployment_serves_our_code_location_with_postgres_storage():
     secrets = documented_secrets()
     # With no generated secret, the chart reads the password from this Secret.
     assert "postgresql-password" in secrets[VALUES["global"]["postgresqlSecretName"]]
-    for ref in deployment["envSecrets"]:
+    for ref in deployment.get("envSecrets", []):
         assert ref["name"] in secrets
+    for volume in deployment["volumes"]:
+        assert "secret" not in volume or volume["secret"]["secretName"] in secrets
 
 
 def test_readme_pins_the_chart_and_operator_versions_these_tests_are_written_for():
@@ -272,15 +274,12 @@ def test_run_pods_get_the_platforms_settings_without_the_code_servers_context(ro
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     sources = {(kind, ref["name"]) for source in container["envFrom"] for kind, ref in source.items()}
-    assert {
-        ("configMapRef", "fleet-config"),
-        ("secretRef", "fleet-llm"),
-        ("secretRef", "fleet-nats"),
-    } <= sources
-    # The push token and remote only here; the S3 credentials and the Ray token as files.
-    assert ("secretRef", "fleet-git") in sources and ("secretRef", "fleet-s3") not in sources
+    assert ("configMapRef", "fleet-config") in sources
+    # Every Secret as files (the push token and remote only here), none as a variable but
+    # Dagster's PostgreSQL password (below).
+    assert not any(kind == "secretRef" for kind, _ in sources)
     mounted = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    assert mounted == {"fleet-s3", "fleet-ray-token"}
+    assert mounted == {"fleet-s3", "fleet-ray-token", "fleet-llm", "fleet-nats", "fleet-git"}
     assert container["image"] == f"{IMAGE}:{PYPROJECT['project']['version']}"
     assert job["metadata"]["namespace"] == "fleet"
     assert pod["serviceAccountName"] == "fleet-workload" and pod["automountServiceAccountToken"] is False

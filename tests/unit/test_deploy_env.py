@@ -7,9 +7,12 @@ from the ConfigMaps in the manifests and the Secrets deploy/README.md tells oper
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from fleet_pipelines.settings import SECRET_FILE_VARIABLES
 
 from .deploy_objects import (
     DAGSTER_DIR,
@@ -34,6 +37,12 @@ S3 = {"AWS_SHARED_CREDENTIALS_FILE", "AWS_REGION"}
 SECRET_FILES = {
     "AWS_SHARED_CREDENTIALS_FILE": ("fleet-s3", "credentials"),
     "RAY_AUTH_TOKEN_PATH": ("fleet-ray-token", "auth_token"),
+    # NAME_FILE: the file NAME is read from (fleet_pipelines.settings.read_secret_files).
+    "FLEET_LLM_API_KEY_FILE": ("fleet-llm", "FLEET_LLM_API_KEY"),
+    "NATS_USER_FILE": ("fleet-nats", "NATS_USER"),
+    "NATS_PASSWORD_FILE": ("fleet-nats", "NATS_PASSWORD"),
+    "FLEET_GIT_TOKEN_FILE": ("fleet-git", "FLEET_GIT_TOKEN"),
+    "FLEET_PUSH_REMOTE_FILE": ("fleet-git", "FLEET_PUSH_REMOTE"),
 }
 # What each component reads without a usable default in a cluster.
 DAGSTER_CODE = {
@@ -52,10 +61,14 @@ DAGSTER_CODE = {
     "FLEET_EVAL_SCHEDULE",
     "DAGSTER_HOME",
     "RAY_AUTH_TOKEN_PATH",
+    # Ray 2.60 sends the token file only in this mode (a plain `ray.init()` in the pod too).
+    "RAY_AUTH_MODE",
     *S3,
 }
 RUN_POD = DAGSTER_CODE | {"FLEET_GIT_TOKEN", "FLEET_PUSH_REMOTE"}
-RAY_WORKER = {"FLEET_LLM_BASE_URL", "FLEET_LLM_MODEL", "FLEET_LLM_API_KEY"}
+# Not FLEET_LLM_API_KEY: the engine's key reaches the turns on a worker inside their EngineSettings,
+# a value the dispatching run pod or code server sends (test_ray_workers_get_the_key_with_the_turns).
+RAY_WORKER = {"FLEET_LLM_BASE_URL", "FLEET_LLM_MODEL"}
 RAY_GPU_WORKER = RAY_WORKER | {"FLEET_VLLM_MODEL", "FLEET_VLLM_NUM_GPUS", "FLEET_VLLM_MAX_NUM_SEQS"}
 MODEL_PULL = {"FLEET_MODEL_SOURCE", "FLEET_VLLM_MODEL", *S3}
 NATS_INIT = {"NATS_URL", "NATS_USER", "NATS_PASSWORD", "FLEET_NATS_REPLICAS"}
@@ -85,8 +98,15 @@ def from_sources(config_maps: list[str], secrets: list[str]) -> set[str]:
     return IMAGE_ENV | set().union(*(cms[n] for n in config_maps)) | set().union(*(sec[n] for n in secrets))
 
 
+def with_files(names: set[str]) -> set[str]:
+    """The names set, NAME counted as set where NAME_FILE is (the settings read the file)."""
+    return names | {
+        n.removesuffix("_FILE") for n in names if n.removesuffix("_FILE") in SECRET_FILE_VARIABLES
+    }
+
+
 def container_env(container: dict[str, Any]) -> set[str]:
-    names = {e["name"] for e in container.get("env", [])}
+    names = with_files({e["name"] for e in container.get("env", [])})
     cms = [s["configMapRef"]["name"] for s in container.get("envFrom", []) if "configMapRef" in s]
     secrets = [s["secretRef"]["name"] for s in container.get("envFrom", []) if "secretRef" in s]
     return names | from_sources(cms, secrets)
@@ -105,8 +125,8 @@ def routes() -> list[tuple[str, set[str], set[str]]]:
     """(where, names set there, names needed there)."""
     user = VALUES["dagster-user-deployments"]["deployments"][0]
     user_env = from_sources(
-        [r["name"] for r in user["envConfigMaps"]], [r["name"] for r in user["envSecrets"]]
-    ) | {e["name"] for e in user.get("env", [])}
+        [r["name"] for r in user["envConfigMaps"]], [r["name"] for r in user.get("envSecrets", [])]
+    ) | with_files({e["name"] for e in user.get("env", [])})
     chart_run_env = container_env(chart_run_job(VALUES)["spec"]["template"]["spec"]["containers"][0])
     plain_run_env = container_env(instance_run_job()["spec"]["template"]["spec"]["containers"][0])
     instance_reads = instance_env_refs(INSTANCE)
@@ -218,3 +238,32 @@ def test_pods_that_run_proposal_code_hold_only_the_secrets_they_use(where: str):
     for secret in secret_refs(pod, container):
         assert documented[secret] & needed, (where, secret)
     assert "fleet-git" not in secret_refs(pod, container) or "run" in where
+
+
+def test_the_cpu_engine_reads_its_key_from_the_file_its_manifest_mounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """engine/cpu runs `fleet model serve` with FLEET_LLM_API_KEY_FILE pointing into the mounted
+    fleet-llm Secret (no variable holds the key), and the command serves with that key."""
+    from click.testing import CliRunner
+
+    import fleet_pipelines.llm.local_server as local_server
+    from fleet_pipelines.cli.model import model
+
+    ((pod, container),) = [
+        (p, c)
+        for _, p in workload_pods(load_docs(K8S / "engine" / "cpu"))
+        for c in containers(p)
+        if c["name"] == "llamacpp"
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert secret_refs(pod, container) == {"fleet-llm": "/var/run/secrets/fleet/llm"}
+    assert env["FLEET_LLM_API_KEY_FILE"] == "/var/run/secrets/fleet/llm/FLEET_LLM_API_KEY"
+    (tmp_path / "FLEET_LLM_API_KEY").write_text("k-2\n")
+    served: list[Any] = []
+    monkeypatch.setattr(local_server, "serve", lambda settings: served.append(settings))
+    monkeypatch.setenv("FLEET_LLM_API_KEY", "")  # unset for the command, restored after
+    monkeypatch.setenv("FLEET_LLM_API_KEY_FILE", str(tmp_path / "FLEET_LLM_API_KEY"))
+    done = CliRunner().invoke(model, ["serve", "--model-path", str(tmp_path / "model.gguf")])
+    assert done.exit_code == 0, done.output
+    assert served[0].api_key == "k-2"

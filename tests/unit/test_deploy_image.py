@@ -110,6 +110,10 @@ def test_the_image_runs_the_python_ci_tests_with():
     (version,) = re.findall(r"^ARG PYTHON_VERSION=(\S+)$", DOCKERFILE, flags=re.MULTILINE)
     assert version == f"{sys.version_info.major}.{sys.version_info.minor}"
     assert PYPROJECT["project"]["requires-python"] == f">={version}"
+    # The base image is that Python (pin-images.py may have added its digest).
+    (base,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE, flags=re.MULTILINE)
+    assert base.split("@")[0] == f"docker.io/library/python:{version}-slim-bookworm"
+    assert "FROM ${BASE_IMAGE} AS base" in DOCKERFILE
 
 
 def test_the_code_server_command_loads_our_code_location():

@@ -8,6 +8,7 @@ No kind cluster runs here (no network to pull images): deploy/README.md says wha
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import subprocess
 from typing import Any
@@ -15,7 +16,20 @@ from typing import Any
 import pytest
 import yaml
 
-from .deploy_objects import DAGSTER_DIR, DEPLOY, INSTANCE, containers, load, load_all, workload_pods
+from . import test_deploy_admission as admission
+from .deploy_objects import (
+    DAGSTER_DIR,
+    DEPLOY,
+    INSTANCE,
+    NATS_VALUES,
+    README,
+    containers,
+    launched_run_job,
+    load,
+    load_all,
+    nats_pods,
+    workload_pods,
+)
 from .test_deploy_security import violations
 
 KIND = DEPLOY / "kind"
@@ -102,3 +116,84 @@ def test_the_postgresql_of_kind_is_the_one_the_network_policies_admit(rendered: 
     (pg,) = [d for d in load_all((DAGSTER_DIR / "components.yaml").read_text()) if d["kind"] == "ConfigMap"]
     assert pg["data"]["DAGSTER_PG_HOST"] == "postgres.fleet.svc"
     assert named(rendered, "Service", "postgres")["spec"]["ports"][0]["port"] == 5432
+
+
+def quantity(value: str | int | float) -> float:
+    """A Kubernetes quantity (cores, bytes) as a number."""
+    text = str(value)
+    for suffix, factor in (("m", 1e-3), ("Ki", 2**10), ("Mi", 2**20), ("Gi", 2**30)):
+        if text.endswith(suffix):
+            return float(text.removesuffix(suffix)) * factor
+    return float(text)
+
+
+def pod_requests(pod: dict[str, Any]) -> tuple[float, float]:
+    """(CPU, memory) the scheduler counts for a pod: the sum of its containers' requests, or its
+    largest init container's where that is more (k8s.io/component-helpers resource.PodRequests)."""
+
+    def total(key: str) -> float:
+        main = sum(
+            quantity(c.get("resources", {}).get("requests", {}).get(key, 0)) for c in pod["containers"]
+        )
+        init = [
+            quantity(c.get("resources", {}).get("requests", {}).get(key, 0))
+            for c in pod.get("initContainers", [])
+        ]
+        return max(main, *init) if init else main
+
+    return total("cpu"), total("memory")
+
+
+# Pods beside ours on the kind worker, with the requests of their pinned releases: the NATS chart's
+# server (our values, one server on kind), the KubeRay operator (chart 1.7.0's values:
+# resources.limits 100m / 512Mi, requests defaulting to them) and kindnet (kind 0.29's manifest:
+# 100m / 50Mi).
+BESIDE = {"KubeRay operator": (0.1, 512 * 2**20), "kindnet": (0.1, 50 * 2**20)}
+
+
+def test_the_kind_worker_fits_the_readmes_host_with_two_runs_and_the_autoscalers_workers(
+    rendered: list[dict[str, Any]],
+):
+    """Everything on the one kind worker (the control plane keeps its taint): the overlay's pods,
+    the Ray head with its autoscaler, the cpu group at maxReplicas, two run pods as dagster-k8s
+    builds them from the kind instance, NATS, the KubeRay operator and kindnet, requesting no more
+    than the host deploy/README.md names. The gpu group is left out: its pods request
+    nvidia.com/gpu, which no kind node has, and nothing on kind asks for a GPU."""
+    cpus, gib = map(int, re.search(r"(\d+) CPUs and (\d+) GiB free", README).groups())
+    pods = dict(workload_pods(rendered))
+    (cluster,) = [d for d in rendered if d["kind"] == "RayCluster"]
+    (cpu_group,) = [g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "cpu"]
+    autoscaler = {"containers": [{"resources": cluster["spec"]["autoscalerOptions"]["resources"]}]}
+    kind_instance = load((KIND / "dagster.yaml").read_text())
+    run = launched_run_job(kind_instance["run_launcher"]["config"], None)["spec"]["template"]["spec"]
+    (nats,) = [spec for owner, spec in nats_pods(NATS_VALUES) if owner == "chart/nats"]
+    counted = [(owner, pod_requests(pod)) for owner, pod in pods.items() if owner != "RayCluster/gpu"]
+    counted += [("Ray autoscaler", pod_requests(autoscaler))]
+    counted += [("RayCluster/cpu (autoscaled)", pod_requests(pods["RayCluster/cpu"]))] * (
+        cpu_group["maxReplicas"] - 1
+    )
+    counted += [("run pod", pod_requests(run))] * 2
+    counted += [("NATS", pod_requests(nats)), *BESIDE.items()]
+    cpu = sum(c for _, (c, _) in counted)
+    memory = sum(m for _, (_, m) in counted)
+    assert cpu <= cpus and memory <= gib * 2**30, (cpu, memory / 2**30, counted)
+    assert cpu_group["maxReplicas"] >= 2  # a second worker fits, not only the first
+
+
+def test_the_kind_run_pod_is_admitted_by_the_kind_policy_and_a_widened_one_is_not(
+    rendered: list[dict[str, Any]],
+):
+    """The kind overlay's admission policy (its run image by tag, its shared volume) admits the run
+    Job dagster-k8s builds from kind's instance, and still refuses another claim or image."""
+    (policy,) = [d for d in rendered if d["kind"] == "ValidatingAdmissionPolicy"]
+    kind_instance = load((KIND / "dagster.yaml").read_text())
+    job = launched_run_job(kind_instance["run_launcher"]["config"], None)
+    assert admission.refusals(job, policy=policy) == []
+    other_claim = copy.deepcopy(job)
+    other_claim["spec"]["template"]["spec"]["volumes"].append(
+        {"name": "x", "persistentVolumeClaim": {"claimName": "data"}}
+    )
+    assert admission.refusals(other_claim, policy=policy) != []
+    other_image = copy.deepcopy(job)
+    other_image["spec"]["template"]["spec"]["containers"][0]["image"] = "busybox:1.37.0"
+    assert admission.refusals(other_image, policy=policy) != []

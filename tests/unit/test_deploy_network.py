@@ -1,6 +1,7 @@
-"""The network is closed by default: exactly the flows of deploy/README.md's table ("Network")
-connect, on every Ray, Dagster, NATS, engine and PostgreSQL port, and a pod outside them connects
-to nothing.
+"""The network is closed by default: exactly the flows of deploy/flows.yaml's table (shown in
+deploy/README.md, "Network") connect, with the operator's address list filled in as
+deploy/egress.example.yaml, on every Ray, Dagster, NATS, engine and PostgreSQL port, and a pod
+outside them connects to nothing.
 
 No network plugin runs here. tests/unit/netpol.py decides what the policies let through, and is
 first checked against upstream's own NetworkPolicy truth tables (kubernetes'
@@ -8,20 +9,24 @@ test/e2e/network/netpol/network_policy.go, carried in tests/unit/schemas/netpol-
 with its source and commit). Then every pod deploy/ runs (both Dagster routes, the KubeRay pods
 with the labels the operator sets, the run pods dagster-k8s builds, the NATS chart's servers) plus
 the peers around them (cluster DNS, a PostgreSQL, a pod of another namespace, an unlabelled pod in
-namespace fleet, addresses outside the cluster) is probed pair by pair."""
+namespace fleet, the addresses of the operator's list and one outside it) is probed pair by pair.
+As shipped, the list admits nothing: no pod reaches any address outside the cluster."""
 
 from __future__ import annotations
 
 import itertools
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.prometheus import MONITORING
+
 from .deploy_objects import (
     DAGSTER_DIR,
+    EGRESS_EXAMPLE,
+    FLOW_TABLE,
     K8S,
     NODE_DIR,
     README,
@@ -30,6 +35,7 @@ from .deploy_objects import (
     instance_run_job,
     load_docs,
     of_kind,
+    table_rows,
 )
 from .netpol import Cluster, Endpoint
 
@@ -135,6 +141,7 @@ TCP_PORTS = {
     "PostgreSQL": [5432],
     "Ray": [6379, 8265, 10001, 10002, 19999, 52365, 8080, 44217, 44227, 8076, 8077],
     "engine": [8000],
+    "metrics exporter": [9464],
 }
 PROBES = [("TCP", p) for ports in TCP_PORTS.values() for p in ports] + [("UDP", 53)]
 
@@ -156,7 +163,7 @@ def ray_pods() -> list[tuple[str, dict[str, str]]]:
         labels = group["template"].get("metadata", {}).get("labels", {})
         found.append(
             (
-                "Ray worker",
+                "Ray gpu worker" if group["groupName"] == "gpu" else "Ray worker",
                 {
                     **labels,
                     "ray.io/cluster": name,
@@ -172,6 +179,18 @@ def template_labels(directory: Path, kind: str, name: str) -> dict[str, str]:
     (doc,) = [d for d in of_kind(load_docs(directory), kind) if d["metadata"]["name"] == name]
     return doc["spec"]["template"]["metadata"]["labels"]
 
+
+# A Prometheus pod as the Prometheus Operator labels it (v0.80 pkg/prometheus/statefulset.go;
+# `prometheus` is the Prometheus object's name), in a namespace labelled as deploy/monitoring's
+# network-policy.yaml asks.
+PROMETHEUS_LABELS = {
+    "app.kubernetes.io/name": "prometheus",
+    "app.kubernetes.io/managed-by": "prometheus-operator",
+    "app.kubernetes.io/instance": "prometheus",
+    "prometheus": "prometheus",
+}
+PROMETHEUS_NAMESPACE = {"fleet-pipelines.io/prometheus": "true"}
+ELSEWHERE = "Prometheus in an unlabelled namespace"
 
 # The Dagster chart's pod labels (helm/dagster templates: helpers/_deployment-webserver.tpl,
 # deployment-daemon.yaml, charts/dagster-user-deployments/templates/deployment-user.yaml; release
@@ -201,6 +220,10 @@ def universe() -> list[tuple[str, Endpoint]]:
         ("run pod", "fleet", chart_run_job(VALUES)["spec"]["template"]["metadata"]["labels"]),
         ("NATS", "fleet", NATS_LABELS),
         ("PostgreSQL", "fleet", {"fleet-pipelines.io/component": "postgresql"}),
+        ("metrics exporter", "fleet", template_labels(MONITORING, "Deployment", "fleet-metrics")),
+        ("Prometheus", "monitoring", PROMETHEUS_LABELS),
+        ("other pod beside Prometheus", "monitoring", {"app.kubernetes.io/name": "grafana"}),
+        (ELSEWHERE, "default", PROMETHEUS_LABELS),
         ("cluster DNS", "kube-system", {"k8s-app": "kube-dns"}),
         ("other pod in fleet", "fleet", {"app": "debug"}),
         ("pod in another namespace", "default", {"app": "anything"}),
@@ -215,45 +238,37 @@ def universe() -> list[tuple[str, Endpoint]]:
         (component, Endpoint(f"{component} #{i}", f"10.244.{i // 250}.{i % 250 + 1}", ns, labels))
         for i, (component, ns, labels) in enumerate(pods)
     ]
-    # Outside the cluster: object storage, the Kubernetes API (kind: the control-plane node), a git host.
-    found += [
-        ("address outside the cluster", Endpoint("object storage", "52.216.8.1")),
-        ("address outside the cluster", Endpoint("Kubernetes API", "172.18.0.2")),
-        ("address outside the cluster", Endpoint("git host", "140.82.112.3")),
-    ]
+    # Outside the cluster: an address of each list of deploy/egress.example.yaml, and one of none.
+    found += [(name, Endpoint(name, address)) for name, address in OUTSIDE.items()]
     return found
 
 
-def deploy_cluster() -> Cluster:
-    policies = of_kind(load_docs(K8S) + load_docs(NODE_DIR), "NetworkPolicy")
-    namespaces = {"fleet": {}, "kube-system": {}, "default": {}, "kuberay-system": {}, "fleet-node": {}}
+# An address in each list of deploy/egress.example.yaml (kind's control plane for the API).
+OUTSIDE = {
+    "object store": "52.216.8.1",
+    "model source": "3.5.0.7",
+    "git host": "140.82.112.3",
+    "Kubernetes API": "172.18.0.2",
+    "address outside every list": "93.184.216.34",
+}
+
+
+def deploy_cluster(example: bool = True) -> Cluster:
+    """The policies of deploy/k8s, deploy/monitoring and deploy/node; with `example`, the
+    operator's address list (deploy/k8s/egress.yaml) filled in as deploy/egress.example.yaml."""
+    policies = of_kind(load_docs(K8S) + load_docs(MONITORING) + load_docs(NODE_DIR), "NetworkPolicy")
+    if example:
+        filled = {p["metadata"]["name"]: p for p in EGRESS_EXAMPLE}
+        policies = [filled.get(p["metadata"]["name"], p) for p in policies]
+    namespaces = {
+        "fleet": {},
+        "kube-system": {},
+        "default": {},
+        "kuberay-system": {},
+        "fleet-node": {},
+        "monitoring": PROMETHEUS_NAMESPACE,
+    }
     return Cluster(namespaces, policies)
-
-
-ANY_ADDRESS = "any address"
-
-
-def table_rows() -> list[tuple[set[str], set[str], set[tuple[str, int]] | None]]:
-    """(from components, to components, (protocol, port) set or None for every port) of the table
-    in deploy/README.md's "Network" section."""
-    section = README.split("## Network", 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in section.splitlines():
-        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
-        if len(cells) < 4 or cells[0] in ("from", "") or set(cells[0]) <= {"-"}:
-            continue
-        sources = {c.strip() for c in cells[0].split(",")}
-        destinations = {c.strip() for c in cells[1].split(",")}
-        if cells[2] == "every port":
-            ports = None
-        else:
-            ports = {(m[0], int(m[1])) for m in re.findall(r"(TCP|UDP) (\d+)", cells[2])}
-        rows.append((sources, destinations, ports))
-    return rows
-
-
-def every_pod_component(component: str) -> bool:
-    return component not in ("address outside the cluster",)
 
 
 def in_table(
@@ -261,8 +276,7 @@ def in_table(
 ) -> bool:
     for sources, destinations, ports in table_rows():
         from_ok = source in sources or ("every pod in fleet" in sources and source_ns == "fleet")
-        to_ok = destination in destinations or (ANY_ADDRESS in destinations and destination_ns != "fleet")
-        if from_ok and to_ok and (ports is None or probe in ports):
+        if from_ok and destination in destinations and (ports is None or probe in ports):
             return True
     return False
 
@@ -284,7 +298,7 @@ NAMESPACE = {e.name: e.namespace for _, e in universe()}
 
 
 def test_the_table_names_only_components_that_exist():
-    known = set(COMPONENT.values()) | {ANY_ADDRESS, "every pod in fleet"}
+    known = set(COMPONENT.values()) | {"every pod in fleet"}
     rows = table_rows()
     assert len(rows) >= 10
     for sources, destinations, _ in rows:
@@ -302,7 +316,10 @@ def test_nothing_connects_that_the_table_does_not_list():
     extra += sorted(
         (COMPONENT[a], COMPONENT[b], proto, port)
         for (a, b, proto, port), ok in FLOWS.items()
-        if ok and NAMESPACE[b] in ("fleet", "fleet-node") and NAMESPACE[a] != "fleet"
+        if ok
+        and NAMESPACE[b] in ("fleet", "fleet-node")
+        and NAMESPACE[a] != "fleet"
+        and not in_table(COMPONENT[a], NAMESPACE[a], COMPONENT[b], NAMESPACE[b], (proto, port))
     )
     assert extra == [], extra
 
@@ -317,9 +334,7 @@ def test_every_flow_of_the_table_connects():
             )
             if not source_ok:
                 continue
-            # "any address": at least every address outside the cluster
-            outside = NAMESPACE[b] is None
-            if not (outside if ANY_ADDRESS in destinations else COMPONENT[b] in destinations):
+            if COMPONENT[b] not in destinations:
                 continue
             for probe in sorted(ports) if ports is not None else PROBES:
                 if not FLOWS[(a, b, *probe)]:
@@ -327,7 +342,16 @@ def test_every_flow_of_the_table_connects():
     assert missing == [], missing
 
 
-@pytest.mark.parametrize("outsider", ["other pod in fleet", "pod in another namespace", "KubeRay operator"])
+@pytest.mark.parametrize(
+    "outsider",
+    [
+        "other pod in fleet",
+        "pod in another namespace",
+        "KubeRay operator",
+        "other pod beside Prometheus",
+        ELSEWHERE,
+    ],
+)
 def test_a_pod_outside_the_table_connects_to_nothing_of_ours(outsider: str):
     (name,) = [n for n, c in COMPONENT.items() if c == outsider]
     reached = sorted(
@@ -345,21 +369,93 @@ def test_nothing_reaches_the_webserver_or_the_runs():
             assert not ok, (a, b, proto, port)
 
 
+RAY = ("Ray head", "Ray worker", "Ray gpu worker")
+
+
 def test_ray_accepts_clients_only_on_ray_client_port_and_only_from_dagster():
     """Ray's GCS, dashboard / Jobs API and raylets are reachable only from Ray's own pods; Ray Client
-    (10001) from the runs and the code server, which present the token."""
+    (10001) from the runs and the code server, which present the token; Prometheus scrapes the
+    metrics port (8080) and nothing else."""
     for (a, b, proto, port), ok in FLOWS.items():
-        if (
-            ok
-            and COMPONENT[b] in ("Ray head", "Ray worker")
-            and COMPONENT[a] not in ("Ray head", "Ray worker")
-        ):
+        if ok and COMPONENT[b] in RAY and COMPONENT[a] not in RAY:
             assert (COMPONENT[a], COMPONENT[b], proto, port) in {
                 ("run pod", "Ray head", "TCP", 10001),
                 ("code server", "Ray head", "TCP", 10001),
+                *(("Prometheus", ray, "TCP", 8080) for ray in RAY),
             }
 
 
 def test_the_node_installer_has_no_network():
     (name,) = [n for n, c in COMPONENT.items() if c == "node installer"]
     assert not any(ok for (a, b, _, _), ok in FLOWS.items() if name in (a, b))
+
+
+def test_the_components_are_found_by_the_labels_the_table_names():
+    """deploy/flows.yaml's `components` select exactly the pods of that name here."""
+    for name, endpoint in universe():
+        if endpoint.namespace is None:
+            continue
+        selected = {
+            c for c, labels in FLOW_TABLE["components"].items() if labels.items() <= endpoint.labels.items()
+        }
+        if name == ELSEWHERE:  # Prometheus's pods, outside the namespace the policies name
+            name = "Prometheus"
+        assert selected == ({name} if name in FLOW_TABLE["components"] else set()), (name, selected)
+
+
+def test_as_shipped_no_pod_reaches_an_address_outside_the_cluster():
+    """The operator's list is empty until filled in: every egress.yaml policy admits nothing."""
+    cluster = deploy_cluster(example=False)
+    endpoints = [e for _, e in universe()]
+    reached = sorted(
+        (COMPONENT[a.name], b.name, proto, port)
+        for a in endpoints
+        for b in endpoints
+        if b.namespace is None and a.namespace in ("fleet", "fleet-node")
+        for proto, port in PROBES
+        if cluster.connects(a, b, proto, port)
+    )
+    assert reached == []
+    shipped = of_kind(load_docs(K8S), "NetworkPolicy")
+    assert all(
+        p["spec"]["egress"] == [] for p in shipped if p["metadata"]["name"] in FLOW_TABLE["outside"].values()
+    )
+
+
+def test_the_example_list_differs_from_the_shipped_one_only_in_its_addresses():
+    """Each list of deploy/egress.example.yaml selects the pods the shipped policy selects, and
+    each of its rules names its addresses (a rule without `to` would admit every address) as
+    ipBlocks, none of them everything."""
+    shipped = {p["metadata"]["name"]: p for p in of_kind(load_docs(K8S), "NetworkPolicy")}
+    assert {p["metadata"]["name"] for p in EGRESS_EXAMPLE} == set(FLOW_TABLE["outside"].values())
+    for policy in EGRESS_EXAMPLE:
+        mine = shipped[policy["metadata"]["name"]]
+        assert policy["spec"]["podSelector"] == mine["spec"]["podSelector"]
+        assert policy["spec"]["policyTypes"] == mine["spec"]["policyTypes"] == ["Egress"]
+        for rule in policy["spec"]["egress"]:
+            assert rule["to"] and all(set(peer) == {"ipBlock"} for peer in rule["to"]), rule
+            assert all(peer["ipBlock"]["cidr"] not in ("0.0.0.0/0", "::/0") for peer in rule["to"])
+
+
+def test_no_policy_but_the_operators_list_reaches_an_address():
+    """ipBlocks appear only in deploy/k8s/egress.yaml (the operator's one place)."""
+    for policy in of_kind(load_docs(K8S) + load_docs(MONITORING), "NetworkPolicy"):
+        if policy["metadata"]["name"] in FLOW_TABLE["outside"].values():
+            continue
+        rules = [*policy["spec"].get("egress", []), *policy["spec"].get("ingress", [])]
+        peers = [peer for rule in rules for peer in (rule.get("to") or rule.get("from") or [])]
+        assert all("ipBlock" not in peer for peer in peers), policy["metadata"]["name"]
+
+
+def render_table() -> str:
+    """deploy/flows.yaml's table as deploy/README.md shows it."""
+    lines = ["| from | to | port | why |", "|---|---|---|---|"]
+    for flow in FLOW_TABLE["flows"]:
+        ports = flow["ports"] if isinstance(flow["ports"], str) else ", ".join(flow["ports"])
+        lines.append(f"| {', '.join(flow['from'])} | {', '.join(flow['to'])} | {ports} | {flow['why']} |")
+    return "\n".join(lines)
+
+
+def test_the_readme_shows_the_flow_table():
+    section = README.split("## Network", 1)[1].split("\n## ", 1)[0]
+    assert render_table() in section, render_table()

@@ -6,8 +6,10 @@ health checks, the debug info of a failed start) are followed through dagster-k8
 DagsterKubernetesClient (the installed release, read with `ast`) to the Kubernetes client calls they
 make, and each call is turned into the request it sends by reading the kubernetes client's own
 source (its `call_api(path, method)`), then into the RBAC (resource, verb) the API server checks.
-The Role must grant exactly that set. Pods that call no Kubernetes API (run pods, the code server,
-Ray workers, the engines, the node installer) get no token at all."""
+The Role must grant exactly that set, on both Dagster routes (the chart's own RBAC is off). Pods
+that call no Kubernetes API (run pods, the code server, Ray workers, the engines, the node
+installer) get no token at all, but the chart's code server, which the chart always gives its
+account's token: that account is bound to nothing."""
 
 from __future__ import annotations
 
@@ -26,10 +28,14 @@ from .deploy_objects import (
     DAGSTER_DIR,
     K8S,
     NODE_DIR,
+    README,
     VALUES,
+    chart_pods,
+    chart_rbac,
     chart_run_job,
     containers,
     instance_run_job,
+    load_all,
     load_docs,
     of_kind,
     workload_pods,
@@ -190,6 +196,57 @@ def test_run_pods_hold_no_service_account_token(route: str):
     assert not any("serviceAccountToken" in str(v) for v in pod.get("volumes", []))
     bound = {s["name"] for b in of_kind(load_docs(DAGSTER_DIR), "RoleBinding") for s in b["subjects"]}
     assert "fleet-workload" not in bound
+
+
+def chart_route_objects() -> list[dict[str, Any]]:
+    """What the chart route applies that holds or grants identities: deploy/k8s (fleet-workload),
+    deploy/dagster/rbac.yaml (applied before the chart) and what the chart renders from our
+    values."""
+    return load_docs(K8S) + load_all((DAGSTER_DIR / "rbac.yaml").read_text()) + chart_rbac(VALUES)
+
+
+def bound_accounts(objects: list[dict[str, Any]]) -> dict[str, set[tuple[str, str, str]]]:
+    """Service account -> every (apiGroup, resource, verb) a RoleBinding or ClusterRoleBinding
+    among `objects` grants it through a Role of `objects`."""
+    roles = {r["metadata"]["name"]: granted(r) for r in objects if r["kind"] in ("Role", "ClusterRole")}
+    found: dict[str, set[tuple[str, str, str]]] = {}
+    for binding in objects:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        for subject in binding["subjects"]:
+            found.setdefault(subject["name"], set()).update(roles[binding["roleRef"]["name"]])
+    return found
+
+
+def test_the_chart_renders_no_role_and_no_account_of_its_own():
+    """Our values turn the chart's RBAC off: by default it would bind its account to a Role that
+    creates and patches pods and jobs, and the code server's to one with `*` on pods, jobs and
+    cronjobs (the chart's role.yaml files); with ours it renders none and creates no account."""
+    defaults = bound_accounts(chart_rbac({}))
+    assert ("batch", "cronjobs", "*") in defaults["dagster-dagster-user-deployments-user-deployments"]
+    assert ("", "pods", "create") in defaults["dagster"]
+    assert chart_rbac(VALUES) == []
+
+
+def test_on_the_chart_route_each_token_is_bound_as_without_the_chart():
+    """The webserver and daemon run as `dagster`, bound only to deploy/dagster/rbac.yaml's Role
+    (exactly what the run launcher calls, tested above); the code server runs as fleet-workload,
+    whose token the chart mounts but which no binding of the route names; nothing may create
+    CronJobs. The README applies rbac.yaml before the chart."""
+    pods = dict(chart_pods(VALUES))
+    objects = chart_route_objects()
+    bound = bound_accounts(objects)
+    (role,) = of_kind(load_docs(DAGSTER_DIR), "Role")
+    assert pods["chart/webserver"]["serviceAccountName"] == "dagster"
+    assert pods["chart/daemon"]["serviceAccountName"] == "dagster"
+    assert bound == {"dagster": granted(role)}
+    code_server = pods["chart/user-deployment/fleet-pipelines"]
+    assert code_server["automountServiceAccountToken"] is True  # the chart's template sets it
+    assert code_server["serviceAccountName"] == "fleet-workload"
+    assert "fleet-workload" in {a["metadata"]["name"] for a in of_kind(objects, "ServiceAccount")}
+    assert not any(resource == "cronjobs" for grants in bound.values() for _, resource, _ in grants)
+    rbac = README.index("kubectl apply -f deploy/dagster/rbac.yaml")
+    assert rbac < README.index("helm upgrade --install dagster dagster/dagster")
 
 
 @pytest.mark.parametrize(

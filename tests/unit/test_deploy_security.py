@@ -707,11 +707,20 @@ def test_the_seccomp_profile_lets_bubblewrap_build_its_sandbox():
     } <= denied
 
 
+def missing(what: str) -> None:
+    """A tool a security test needs is absent: skipped on a developer's machine, a failure in CI
+    (`CI=true`), where .ci/run installs it, so the check never silently stops running there."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {what}", pytrace=False)
+    pytest.skip(what)
+
+
 def test_the_apparmor_profile_parses():
     """apparmor_parser compiles the profile without loading it into the kernel."""
-    parser = shutil.which("apparmor_parser")
+    # Debian installs it in /sbin: on root's PATH, not on a user's (`env -i PATH=/usr/bin:/bin`)
+    parser = shutil.which("apparmor_parser", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
     if parser is None:
-        pytest.skip("apparmor_parser is not installed (Debian: apt-get install apparmor)")
+        missing("apparmor_parser is not installed (Debian: apt-get install apparmor)")
     text = (NODE / "fleet-sandbox.apparmor").read_text()
     assert "profile fleet-sandbox " in text and "\n  mount,\n" in text and "\n  pivot_root,\n" in text
     done = subprocess.run(
@@ -745,9 +754,9 @@ def as_the_scoring_pod(profile: Path) -> subprocess.CompletedProcess[str]:
     venv's may sit where uid 10001 cannot read), with this checkout and the venv on its path."""
     system_python = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
     if os.geteuid() != 0 or shutil.which("setpriv") is None or not system_python.exists():
-        pytest.skip("needs root, setpriv and the system Python of this version")
+        missing("needs root, setpriv and the system Python of this version")
     if subprocess.run([str(system_python), "-c", "import seccomp"], capture_output=True).returncode:
-        pytest.skip("libseccomp's Python binding is not installed (Debian: apt-get install python3-seccomp)")
+        missing("libseccomp's Python binding is not installed (Debian: apt-get install python3-seccomp)")
     site = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
     home = tempfile.mkdtemp()
     os.chmod(home, 0o777)

@@ -112,6 +112,9 @@ def test_json_edits_and_their_errors():
     assert why == "" and edits[0].path == "calc.py"
     assert edits_from_json({"edits": "x"})[1].startswith("`edits` must be a list")
     assert edits_from_json({"edits": [{"search": "a"}]})[1] == "edit 1: path: Field required"
+    # a small model writes the same edit again until its token limit: once is what it means
+    twice, _ = edits_from_json({"edits": [{"path": "calc.py", "search": "a", "replace": "b"}] * 3})
+    assert apply_edits({"calc.py": "a\n"}, twice).ok and len(twice) == 1
 
 
 def test_the_answer_schema_lists_each_files_lines():

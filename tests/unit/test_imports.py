@@ -1,15 +1,18 @@
 """The package's imports, walked from the source (every import: module level, in functions, and
 under TYPE_CHECKING): no module depends on itself through others, and no layer imports one above it.
 
-Layers, bottom up: names; the pure domain; the adapters (engines, the sandbox, scoring, events, history,
-Dagster's private APIs, the running local stack's record); dispatch; resources; evaluation (its config
-derives from the resources' nested configs); settings (which builds the resources); assets; sensors and
-schedules; and the entry points (definitions, the CLI, the local stack).
+Layers, bottom up: names; the pure domain; the adapters (engines, the sandbox, the linter, events,
+history, Dagster's private APIs, the running local stack's record); dispatch, the workspace and scoring
+(its patch checks run in the workspace); resources; evaluation (its config derives from the resources'
+nested configs); settings (which builds the resources); assets; sensors and
+schedules, and the metrics exporter (it reads the planning sensor's cursor); and the entry points
+(definitions, the CLI, the local stack).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,13 +22,13 @@ PACKAGE = Path(fleet_pipelines.__file__).parent
 LAYERS = [
     {"names"},
     {"domain"},
-    {"llm", "sandbox", "scoring", "events", "history", "dagster_private", "stack_file"},
-    {"dispatch", "workspace"},
+    {"llm", "sandbox", "linter", "events", "history", "dagster_private", "stack_file"},
+    {"dispatch", "workspace", "scoring"},
     {"resources"},
     {"evaluation"},
     {"settings"},
     {"assets"},
-    {"sensors", "schedules"},
+    {"sensors", "schedules", "metrics"},
     {"definitions", "wiring", "cli", "stack"},
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
@@ -40,10 +43,16 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once for the checks below (read, never changed)."""
+    return ast.parse(path.read_text())
+
+
 def imported(name: str, path: Path, known: set[str]) -> Iterator[str]:
     """The package's modules that `name` imports."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -137,7 +146,7 @@ package only other pure modules and names."""
 def outside_imports(path: Path) -> set[str]:
     """The top-level names of what `path` imports from outside the package."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             found |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:

@@ -47,18 +47,3 @@ def test_other_errors_are_not_retried():
     with pytest.raises(ValueError, match="bad ray_init_options"):
         connect_ray(connect, attempts=4)
     assert connect.calls == 1
-
-
-def test_connecting_applies_no_ray_data_settings():
-    """dagster-ray's connect applies Ray Data settings in the run and on a worker (~2.5 s of every
-    run's start, importing ray.data); the resource keeps the rest of connect but not those."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys; from fleet_pipelines.resources.ray_cluster import RayCluster; "
-        "o = RayCluster().data_execution_options; o.apply(); o.apply_remote(); "
-        "print('ray.data' in sys.modules)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]

@@ -14,10 +14,23 @@ import pytest
 from fleet_pipelines.domain.decision import Decision, repository_verdict
 from fleet_pipelines.domain.models import Task
 from fleet_pipelines.domain.scoring import CheckResult, ProposalScore, gate_failures
-from fleet_pipelines.domain.workspace import PatchEvidence, TestEvidence, Workspace, patch_flags
+from fleet_pipelines.domain.workspace import (
+    FailToPass,
+    PatchEvidence,
+    TestEvidence,
+    Workspace,
+    excerpt,
+    patch_flags,
+)
+from fleet_pipelines.scoring.patch import evidence_checks
 from fleet_pipelines.workspace import boundary
-from fleet_pipelines.workspace.checks import evidence_checks
-from fleet_pipelines.workspace.runs import counted_evidence, hidden_test_ids, pytest_args
+from fleet_pipelines.workspace.runs import (
+    TestPlan,
+    counted_evidence,
+    hidden_test_ids,
+    pass_to_pass_evidence,
+    pytest_args,
+)
 
 WIRE = Path(boundary.__file__).parents[1] / "sandbox" / "init.py"
 STDLIB = frozenset(sys.stdlib_module_names)
@@ -112,11 +125,11 @@ def session(results: dict[str, str], **extra) -> dict:
 
 def test_only_the_plans_tests_count_and_anything_but_a_pass_fails():
     plan = {"t::ok": "boundary", "t::skip": "boundary", "t::err": "boundary", "t::gone": "boundary"}
-    plan["t::obj"] = "cannot_cross"
+    plan["t::obj"] = "cannot_cross"  # could not cross on the base: left out, whatever the patch does
     outcomes = {"t::ok": "passed", "t::skip": "skipped", "t::err": "failed", "t::obj": "passed"}
     outcomes |= {f"t::added_{i}": "passed" for i in range(300)}  # the patch's own: not counted
     evidence = counted_evidence(plan, session(outcomes), "ran", 10)
-    assert (evidence.passed, evidence.failed, evidence.status) == (1, 4, "failed")
+    assert (evidence.passed, evidence.failed, evidence.status) == (1, 3, "failed")
     assert evidence.failing == ["t::skip", "t::err", "t::gone"] and evidence.cannot_cross == ["t::obj"]
     assert evidence.not_counted == 300 and evidence.first_failure == "t::skip: skipped\nwhy t::skip"
     gone = counted_evidence({"t::a": "boundary"}, session({}, collect_errors=[["t", "ImportError"]]), "r", 1)
@@ -125,6 +138,115 @@ def test_only_the_plans_tests_count_and_anything_but_a_pass_fails():
     assert counted_evidence({"t::a": "boundary"}, {"timeout": True}, "r", 3).status == "timeout"
     assert counted_evidence({"t::a": "boundary"}, {"results": {}}, "r", 3).status == "error"
     assert counted_evidence({}, session({"x": "passed"}), "r", 3).status == "failed"
+    unjudged = counted_evidence({"t::obj": "cannot_cross"}, session({"t::obj": "failed"}), "r", 3)
+    assert (unjudged.total, unjudged.status, unjudged.cannot_cross) == (0, "failed", ["t::obj"])
+
+
+def plan_of(
+    base: dict[str, str], crossable: tuple[str, ...] = (), flaky: frozenset = frozenset()
+) -> TestPlan:
+    return TestPlan(["tests"], base, crossable, {}, flaky)
+
+
+def plain(outcomes: dict[str, str], **extra) -> dict:
+    return {"outcomes": outcomes, "ran": "plain", "timeout": False, "output": "", "duration_s": 1.0, **extra}
+
+
+def test_pass_to_pass_tests_count_like_swe_bench():
+    base = {"t::a": "passed", "t::b": "passed", "t::fail": "failed", "t::skip": "skipped", "t::xf": "xfailed"}
+    plan = plan_of(base)
+    assert plan.passing == ["t::a", "t::b"]
+    # a no-op: the base's failures, skips and xfails neither help nor hurt
+    noop, found = pass_to_pass_evidence(plan, {"plain": plain(base)}, 10)
+    assert (noop.passed, noop.failed, noop.status, noop.not_counted, found) == (
+        2,
+        0,
+        "passed",
+        3,
+        plan,
+    )
+    assert noop.rests_on == "2 pass-to-pass in plain pytest"
+    # a regression fails; a test the patch added is not counted; fixing a base failure does not help
+    after = base | {"t::b": "failed", "t::fail": "passed", "t::new": "passed"}
+    broken, _ = pass_to_pass_evidence(plan, {"plain": plain(after)}, 10)
+    assert (broken.passed, broken.failed, broken.failing, broken.not_counted) == (1, 1, ["t::b"], 4)
+    assert broken.first_failure == "t::b: failed"
+    # a regression whose base outcome differs when run again there is flaky: listed, left out
+    again = {"plain": plain(after), "base_recheck": plain({"t::b": "failed"})}
+    shaky, found = pass_to_pass_evidence(plan, again, 10)
+    assert (shaky.passed, shaky.failed, shaky.flaky, found.flaky) == (1, 0, ["t::b"], frozenset({"t::b"}))
+    later, _ = pass_to_pass_evidence(found, {"plain": plain(after)}, 10)
+    assert (later.passed, later.failed) == (1, 0)  # the plan keeps it out
+    gone, _ = pass_to_pass_evidence(plan, {"plain": plain({}, timeout=True)}, 10)
+    assert (gone.status, gone.failed) == ("timeout", 2)
+
+
+def test_the_failing_tests_a_task_names_count_across_the_boundary():
+    base = {"t::a": "passed", "t::test_add": "failed", "t::test_sub[1]": "failed", "t::other": "failed"}
+    plan = plan_of(base)
+    named = FailToPass("t::test_add fails: fix add", ("test_sub",))
+    assert named.among(plan.failing) == ["t::test_add", "t::test_sub[1]"]
+    assert FailToPass("fix calc.test_add_all").among(plan.failing) == []  # a word, not a part of one
+    in_class = ["t.py::ChunkedEvenTests::test_5", "t.py::Other::test_5"]
+    assert FailToPass("ChunkedEvenTests fail").among(in_class) == ["t.py::ChunkedEvenTests::test_5"]
+    assert FailToPass("t.py is broken").among(in_class) == []  # a file names none of its tests
+    # a no-op: the named failures count as failing; the other base failure neither helps nor hurts
+    noop, _ = pass_to_pass_evidence(plan, {"plain": plain(base)}, 10, named)
+    assert (noop.passed, noop.failed, noop.status, noop.fail_to_pass, noop.not_counted) == (
+        1,
+        2,
+        "failed",
+        2,
+        1,
+    )
+    assert noop.first_failure == "t::test_add (named by the task, failing on the base): not reported"
+    # only the boundary's pass counts: a plain pass of a named test is the code's own report
+    crossed = {
+        "t::test_add": {"outcome": "passed", "detail": ""},
+        "t::test_sub[1]": {"outcome": "failed", "detail": "x"},
+    }
+    after = base | {"t::test_add": "passed", "t::test_sub[1]": "passed", "t::other": "passed"}
+    fixed, _ = pass_to_pass_evidence(
+        plan, {"plain": plain(after), "visible": {"results": crossed}}, 10, named
+    )
+    assert (fixed.passed, fixed.failed, fixed.fail_to_pass_passed, fixed.base_failing) == (2, 1, 1, 1)
+    assert fixed.failing == ["t::test_sub[1]"]
+    assert fixed.rests_on == "1 pass-to-pass in plain pytest; 2 fail-to-pass across the boundary"
+
+
+def test_a_plain_report_the_boundary_contradicts_is_not_trusted():
+    base = {f"t::{i}": "passed" for i in range(10)}
+    plan = plan_of(base, crossable=("t::0", "t::1"))
+    forged = {"plain": plain(base), "visible": session({"t::0": "passed", "t::1": "failed"})}
+    evidence, _ = pass_to_pass_evidence(plan, forged, 10)
+    assert evidence.contradicted == ["t::1"] and (evidence.passed, evidence.failed) == (1, 9)
+    assert evidence.first_failure.startswith("the plain report says t::1 passed; across the boundary")
+    honest = {"plain": plain(base), "visible": session({"t::0": "passed", "t::1": "cannot_cross"})}
+    evidence, _ = pass_to_pass_evidence(plan, honest, 10)  # could not cross now: the plain report stands
+    assert (evidence.passed, evidence.failed, evidence.contradicted) == (10, 0, [])
+    assert evidence.rests_on == "10 pass-to-pass in plain pytest, 1 of them re-run across the boundary"
+    outside = {"plain": plain(base), "visible": session({"t::5": "failed"})}  # not the plan's sample
+    assert pass_to_pass_evidence(plan, outside, 10)[0].failed == 0  # (only a crossable test can tell)
+    alone = {"t::1": session({"t::1": "passed"})}  # run again alone, it passes: the session's order did it
+    evidence, _ = pass_to_pass_evidence(plan, {**forged, "visible_again": alone}, 10)
+    assert (evidence.passed, evidence.contradicted) == (10, [])
+    again = {"t::1": session({"t::1": "failed"})}
+    assert pass_to_pass_evidence(plan, {**forged, "visible_again": again}, 10)[0].contradicted == ["t::1"]
+    # alone on the base it passes: the boundary can judge it, so the contradiction stands
+    judged = {**forged, "visible_again": again, "visible_base": {"t::1": session({"t::1": "passed"})}}
+    evidence, found = pass_to_pass_evidence(plan, judged, 10)
+    assert (evidence.contradicted, evidence.passed, found.crossable) == (["t::1"], 1, ("t::0", "t::1"))
+    # it fails alone on the base too (chance, not the patch): its plain pass counts, it leaves the sample
+    chance = {**judged, "visible_base": {"t::1": session({"t::1": "failed"})}}
+    evidence, found = pass_to_pass_evidence(plan, chance, 10)
+    assert (evidence.contradicted, evidence.passed, evidence.failed) == ([], 10, 0)
+    assert evidence.rests_on == "10 pass-to-pass in plain pytest, 1 of them re-run across the boundary"
+    assert found.crossable == ("t::0",)
+    regressed = {**chance, "plain": plain(base | {"t::1": "failed"})}  # a plain failure still fails
+    assert pass_to_pass_evidence(plan, regressed, 10)[0].failing == ["t::1"]
+    failing = {"plain": plain(base | {"t::0": "failed"}), "visible": session({"t::0": "passed"})}
+    evidence, _ = pass_to_pass_evidence(plan, failing, 10)  # the boundary never rescues a plain failure
+    assert (evidence.passed, evidence.failing) == (9, ["t::0"])
 
 
 WORKSPACE = Workspace(task_id="t", path="/ws", commit="c" * 40, test_command="pytest")
@@ -156,6 +278,28 @@ def test_the_checks_count_the_boundary_and_never_pass_a_forgeable_result():
     with_hidden = alone.model_copy(update={"hidden": counted(1, 1)})  # the in-process pass never counts
     check = next(c for c in evidence_checks(WORKSPACE, TASK, True, with_hidden) if c.name == "tests")
     assert check.value == 0.5 and not check.forgeable
+
+
+def test_a_pass_needs_judged_hidden_tests_and_an_empty_patch_is_scored():
+    unjudged = TestEvidence(
+        status="failed", ran="r", counted=True, cannot_cross=["test_fleet_hidden.py::test_x"]
+    )
+    evidence = PatchEvidence(applies=True, tests=counted(5, 0), hidden=unjudged)
+    check = next(c for c in evidence_checks(WORKSPACE, TASK, True, evidence) if c.name == "tests")
+    assert check.value is None and check.evidence.startswith("none of the task's hidden tests can be judged")
+    score = ProposalScore(agent_id="a", score=1.0, checks=[check], requirements=[], code_blocks=1)
+    assert gate_failures(score)[0].startswith("tests: none of the task's hidden tests can be judged")
+    empty = PatchEvidence(applies=True, tests=counted(5, 0), hidden=counted(0, 1))
+    checks = {c.name: c for c in evidence_checks(WORKSPACE, TASK, False, empty)}
+    assert checks["patch_applies"].evidence == "no change proposed: cccccccccccc scored as it is"
+    assert checks["tests"].value == round(5 / 6, 4)
+
+
+def test_evidence_text_keeps_its_head_and_tail():
+    text = "cause\n" + "x" * 5_000 + "\nlast frame"
+    cut = excerpt(text, 1_500)
+    assert len(cut) < 1_510 and cut.startswith("cause\n") and cut.endswith("\nlast frame")
+    assert excerpt("short", 10) == "short"
 
 
 def scored(agent: str, applies: float, tests: float | None, forgeable: bool = False) -> ProposalScore:
@@ -193,7 +337,8 @@ def test_the_decision_says_plainly_when_no_patch_applied_or_passed():
     assert forged.reasons[0].startswith("no candidate's patch passed the tests")
     assert forged.reasons[-1].startswith("a1's tests result is forgeable")
     fine = repository_verdict(decision(), [scored("a1", 1.0, 1.0), scored("a2", 0.0, 0.0)], "p", "c")
-    assert fine.reasons == ["a1 ranked first with score 0.500"] and fine.winner_patch == "p"
+    assert fine.winner_patch == "p"
+    assert fine.reasons == ["a1 ranked first with score 0.500", "a1's tests pass on this evidence: 1.0 pass"]
     unchecked = scored("a1", 0.0, None).model_copy(
         update={"checks": [CheckResult(name="patch_applies", value=None, evidence="x", not_run=True)]}
     )
@@ -339,3 +484,30 @@ def test_the_job_finds_every_changed_path_and_a_changed_pytest_section(tmp_path:
     config.write_text('[project]\nname = "x"\n\n[tool.pytest.ini_options]\naddopts = "-q"\n\n[tool.ruff]\n')
     assert sandbox_job.pytest_section(str(config)) == '[tool.pytest.ini_options]\naddopts = "-q"\n'
     assert sandbox_job.pytest_section(str(tmp_path / "none.cfg")) == ""
+
+
+def test_the_plan_samples_the_projects_own_tests_of_what_the_hidden_tests_call():
+    """The base's passing tests named after what the hidden tests import, those whose parameters
+    hold the hidden tests' constants first, capped: crossed after every patch (the impossible
+    task's forgery that answers otherwise only outside pytest is caught by them)."""
+    from fleet_pipelines.workspace import sandbox_job
+
+    passing = [f"test_inflection.py::test_ordinal[{n}-{n}th]" for n in range(30)] + [
+        "test_inflection.py::test_ordinalize[13-13th]",
+        "test_inflection.py::test_pluralize[word]",
+        "boltons/strutils.py::boltons.strutils.camel2under",
+        "tests/test_misc.py::test_ordinal_words",
+    ]
+    hidden = (
+        "from inflection import ordinal\nfrom boltons.strutils import camel2under\n\n"
+        "def test_x():\n    assert ordinal('13') == 'th'\n"
+    )
+    named = sandbox_job.named_ids(passing, hidden, 40)
+    assert named[0] == "test_inflection.py::test_ordinal[13-13th]"
+    assert "boltons/strutils.py::boltons.strutils.camel2under" in named
+    assert "tests/test_misc.py::test_ordinal_words" in named  # `ordinal` as a word of its name
+    assert "test_inflection.py::test_ordinalize[13-13th]" not in named  # another name
+    assert "test_inflection.py::test_pluralize[word]" not in named
+    assert len(sandbox_job.named_ids(passing, hidden, 5)) == 5
+    assert sandbox_job.named_ids(passing, "from inflection import *\n", 5) == []
+    assert sandbox_job.named_ids(passing, "not python (", 5) == []

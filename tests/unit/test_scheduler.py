@@ -1,6 +1,6 @@
 """The admission policy (dispatch/scheduler.py) on its own: no Ray, no asyncio, a clock the test
-moves by hand. Each test tells the scheduler what the actor would (a turn added, waiting, sent,
-ended) and checks what it decides."""
+moves by hand. Each test tells the scheduler what the actor would (events: turns submitted, a turn
+waiting, sent, ended) and checks what it decides."""
 
 from __future__ import annotations
 
@@ -8,7 +8,23 @@ import math
 
 import pytest
 
-from fleet_pipelines.dispatch.scheduler import Claim, Grant, Refusal, Scheduler, TakeBack, TurnSpec
+from fleet_pipelines.dispatch.scheduler import (
+    Closed,
+    Ended,
+    Grant,
+    Polled,
+    Refusal,
+    Released,
+    Scheduler,
+    Sent,
+    Submitted,
+    TakeBack,
+    Tick,
+    TurnSpec,
+    Waiting,
+    Withdrawn,
+)
+from fleet_pipelines.domain.deliberation import Claim
 from fleet_pipelines.domain.models import TurnKind
 
 
@@ -34,13 +50,10 @@ def submit(
     scheduler: Scheduler, keys: list[str], run: Claim | None = None, deadline: float = math.inf
 ) -> list:
     """Adds the turns with their run's claim and lets each wait; the decisions, in order."""
-    if run is not None:
-        scheduler.claim(run, deadline)
-    decisions = []
+    turns = tuple(spec(key, deadline, run.run_id if run else None) for key in keys)
+    decisions = scheduler.handle(Submitted(turns, run, deadline))
     for key in keys:
-        scheduler.add(spec(key, deadline, run.run_id if run else None))
-    for key in keys:
-        decisions += scheduler.wait(key)
+        decisions += scheduler.handle(Waiting(key))
     return decisions
 
 
@@ -50,7 +63,7 @@ def granted(decisions: list) -> list[str]:
 
 def send(scheduler: Scheduler, decisions: list) -> None:
     for turn_id in granted(decisions):
-        scheduler.sent(turn_id)
+        scheduler.handle(Sent(turn_id))
 
 
 def test_turns_wait_for_a_free_slot_and_are_served_earliest_deadline_first():
@@ -60,8 +73,8 @@ def test_turns_wait_for_a_free_slot_and_are_served_earliest_deadline_first():
     assert submit(scheduler, ["t-late"], deadline=clock.now + 900) == []
     assert submit(scheduler, ["t-soon"], deadline=clock.now + 300) == []
     assert scheduler.stats()["waiting"] == 2 and scheduler.stats()["running"] == 2
-    assert granted(scheduler.ended("t-1", 2.0)) == ["t-soon"]
-    assert granted(scheduler.ended("t-2", 2.0)) == ["t-late"]
+    assert granted(scheduler.handle(Ended("t-1", 2.0))) == ["t-soon"]
+    assert granted(scheduler.handle(Ended("t-2", 2.0))) == ["t-late"]
     assert scheduler.stats()["peak_waiting"] == 2 and scheduler.stats()["peak_running"] == 2
 
 
@@ -70,10 +83,10 @@ def test_a_turn_past_its_deadline_or_that_cannot_finish_in_time_is_refused_with_
     scheduler = Scheduler(1, clock)
     send(scheduler, submit(scheduler, ["t-1"], deadline=clock.now + 600))
     submit(scheduler, ["t-judge"], deadline=clock.now + 30)
-    scheduler.add(spec("t-2", clock.now + 100, kind=TurnKind.PROPOSE))
-    scheduler.wait("t-2")
+    scheduler.handle(Submitted((spec("t-2", clock.now + 100, kind=TurnKind.PROPOSE),)))
+    scheduler.handle(Waiting("t-2"))
     clock.now += 40  # t-judge's deadline passed while it waited
-    decisions = scheduler.ended("t-1", service_s=80.0)  # proposals take ~80 s on this engine
+    decisions = scheduler.handle(Ended("t-1", service_s=80.0))  # proposals take ~80 s on this engine
     refusals = {d.turn_id: d.reason for d in decisions if isinstance(d, Refusal)}
     assert refusals["t-judge"] == "not sent: no free engine slot before the deadline"
     assert (
@@ -89,15 +102,15 @@ def test_a_turn_goes_to_the_free_slot_holding_its_conversation_else_the_one_used
     decisions = submit(scheduler, ["t-1", "t-2"], deadline=clock.now + 600)
     slots = {d.turn_id: d.slot for d in decisions}
     assert sorted(slots.values()) == [0, 1]
-    scheduler.ended("t-1", 1.0)
-    scheduler.ended("t-2", 1.0)
+    scheduler.handle(Ended("t-1", 1.0))
+    scheduler.handle(Ended("t-2", 1.0))
     decisions = submit(scheduler, ["t-1-2", "t-2-1"], deadline=clock.now + 600)  # critiques
     by_turn = {d.turn_id: d for d in decisions}
     assert by_turn["t-1-2"].slot == slots["t-2"] and by_turn["t-2-1"].slot == slots["t-1"]
     assert by_turn["t-1-2"].reused and by_turn["t-2-1"].reused
     assert scheduler.stats()["slot_reused"] == 2
-    scheduler.ended("t-2-1", 1.0)
-    scheduler.ended("t-1-2", 1.0)
+    scheduler.handle(Ended("t-2-1", 1.0))
+    scheduler.handle(Ended("t-1-2", 1.0))
     # A new conversation takes the slot granted longest ago (t-1-2's), whichever freed last.
     assert submit(scheduler, ["u-1"], deadline=clock.now + 600) == [Grant("u-1", slots["t-2"], False)]
 
@@ -107,7 +120,7 @@ def test_of_one_phase_the_turn_whose_conversation_a_free_slot_holds_goes_first()
     scheduler = Scheduler(1, clock)
     send(scheduler, submit(scheduler, ["t-1"], deadline=clock.now + 600))
     submit(scheduler, ["t-2", "t-3-1"], deadline=clock.now + 600)  # t-3-1 reads t-1's conversation
-    assert granted(scheduler.ended("t-1", 1.0)) == ["t-3-1"]
+    assert granted(scheduler.handle(Ended("t-1", 1.0))) == ["t-3-1"]
 
 
 def test_affinity_does_not_reach_past_the_window_of_the_earliest_deadline():
@@ -116,7 +129,7 @@ def test_affinity_does_not_reach_past_the_window_of_the_earliest_deadline():
     send(scheduler, submit(scheduler, ["a-1"], deadline=clock.now + 600))
     submit(scheduler, ["b-1"], deadline=clock.now + 100)
     submit(scheduler, ["a-2-1"], deadline=clock.now + 700)  # a-1's conversation, a later deadline
-    assert granted(scheduler.ended("a-1", 1.0)) == ["b-1"]
+    assert granted(scheduler.handle(Ended("a-1", 1.0))) == ["b-1"]
 
 
 def test_runs_whose_councils_fit_hold_the_engine_the_next_waits_in_reserve_until_released():
@@ -127,7 +140,7 @@ def test_runs_whose_councils_fit_hold_the_engine_the_next_waits_in_reserve_until
     submit(scheduler, ["c-1", "c-2"], Claim("run-c", 2), clock.now + 600)
     assert scheduler.stats()["holding"] == ["run-a", "run-b"] and scheduler.stats()["reserve"] == ["run-c"]
     assert scheduler.background("c-1") and not scheduler.background("a-1")
-    scheduler.release("run-a")
+    scheduler.handle(Released("run-a"))
     assert scheduler.stats()["holding"] == ["run-b", "run-c"] and not scheduler.background("c-1")
 
 
@@ -138,10 +151,10 @@ def test_the_queue_is_idle_only_with_no_turn_and_no_claim():
     decisions = submit(scheduler, ["a-1"], Claim("run-a", 1), clock.now + 600)
     send(scheduler, decisions)
     assert not scheduler.idle()
-    scheduler.ended("a-1", 1.0)
-    scheduler.close("a-1")
+    scheduler.handle(Ended("a-1", 1.0))
+    scheduler.handle(Closed("a-1"))
     assert not scheduler.idle()  # the run still holds the engine
-    scheduler.release("run-a")
+    scheduler.handle(Released("run-a"))
     assert scheduler.idle()
 
 
@@ -150,21 +163,21 @@ def test_a_reserve_run_takes_only_idle_slots_and_gives_the_latest_sent_back_to_a
     scheduler = Scheduler(2, clock)
     send(scheduler, submit(scheduler, ["a-1", "a-2"], Claim("run-a", 2), clock.now + 600))
     assert submit(scheduler, ["b-1", "b-2"], Claim("run-b", 2), clock.now + 600) == []
-    decisions = scheduler.ended("a-1", 1.0)  # the holder scores: its idle slots go to b
+    decisions = scheduler.handle(Ended("a-1", 1.0))  # the holder scores: its idle slots go to b
     assert decisions == [Grant("b-1", 0, False)] and scheduler.background("b-1")
     send(scheduler, decisions)
     clock.now += 1
-    send(scheduler, scheduler.ended("a-2", 1.0))
+    send(scheduler, scheduler.handle(Ended("a-2", 1.0)))
     assert scheduler.stats()["running"] == 2
     # The holder's judge comes: the background turn sent last is taken back, once.
     assert submit(scheduler, ["a-judge"], Claim("run-a", 2), clock.now + 600) == [TakeBack("b-2")]
     assert scheduler.taken_back("b-2") and not scheduler.taken_back("b-1")
-    scheduler.add(spec("a-x", clock.now + 600, "run-a"))
-    assert scheduler.wait("a-x") == [TakeBack("b-1")]  # a second holder's turn: the other one
-    assert scheduler.expire() == []  # no more taken back than holders' turns wait
-    assert scheduler.ended("b-2") == [Grant("a-judge", 1, False)]
-    assert scheduler.wait("b-2") == []  # it waits again; nothing is taken back for it
-    assert granted(scheduler.ended("b-1")) == ["a-x"]
+    scheduler.handle(Submitted((spec("a-x", clock.now + 600, "run-a"),)))
+    assert scheduler.handle(Waiting("a-x")) == [TakeBack("b-1")]  # a second holder's turn: the other one
+    assert scheduler.handle(Tick()) == []  # no more taken back than holders' turns wait
+    assert scheduler.handle(Ended("b-2")) == [Grant("a-judge", 1, False)]
+    assert scheduler.handle(Waiting("b-2")) == []  # it waits again; nothing is taken back for it
+    assert granted(scheduler.handle(Ended("b-1"))) == ["a-x"]
     assert not scheduler.taken_back("b-1")
 
 
@@ -175,8 +188,10 @@ def test_with_pinned_slots_the_reserve_leaves_the_slots_holding_a_holders_conver
     assert sorted(d.slot for d in decisions) == [0, 1]
     decisions = submit(scheduler, ["b-1", "b-2"], Claim("run-b", 2), clock.now + 600)
     assert decisions == [Grant("b-1", 2, False)]  # the slot run-a never used
-    assert scheduler.ended("a-1", 1.0) == [] and scheduler.ended("a-2", 1.0) == []  # kept for run-a
-    assert granted(scheduler.release("run-a")) == ["b-2"]
+    assert (
+        scheduler.handle(Ended("a-1", 1.0)) == [] and scheduler.handle(Ended("a-2", 1.0)) == []
+    )  # kept for run-a
+    assert granted(scheduler.handle(Released("run-a"))) == ["b-2"]
 
 
 def test_a_reserve_runs_deadline_is_moved_by_the_time_it_waited():
@@ -187,8 +202,8 @@ def test_a_reserve_runs_deadline_is_moved_by_the_time_it_waited():
     submit(scheduler, ["b-1"], Claim("run-b", 1), given)
     assert math.isinf(scheduler.deadline_of("run-b", given)) and math.isinf(scheduler.deadline("b-1"))
     clock.now += 400  # past its given deadline, in reserve: not refused, sent as background
-    assert scheduler.ended("a-1", 1.0) == [Grant("b-1", 0, False)]
-    scheduler.release("run-a")
+    assert scheduler.handle(Ended("a-1", 1.0)) == [Grant("b-1", 0, False)]
+    scheduler.handle(Released("run-a"))
     assert scheduler.deadline("b-1") == given + 400 and not scheduler.background("b-1")
     assert scheduler.deadline_of(None, given) == given  # a turn without a claim keeps its own
 
@@ -198,13 +213,13 @@ def test_expired_claims_a_holder_past_its_deadline_and_a_silent_reserve_run():
     scheduler = Scheduler(1, clock, lease_s=60)
     submit(scheduler, ["a-1"], Claim("run-a", 1), clock.now + 100)
     submit(scheduler, ["b-1"], Claim("run-b", 1), clock.now + 100)
-    scheduler.close("b-1")  # abandoned: run-b has no open turn left
+    scheduler.handle(Closed("b-1"))  # abandoned: run-b has no open turn left
     clock.now += 61
-    scheduler.expire()
+    scheduler.handle(Tick())
     assert scheduler.stats()["reserve"] == [] and scheduler.stats()["holding"] == ["run-a"]
-    scheduler.touch("run-a")
+    scheduler.handle(Polled("run-a"))
     clock.now += 100
-    scheduler.expire()  # run-a: past its deadline plus the lease
+    scheduler.handle(Tick())  # run-a: past its deadline plus the lease
     assert scheduler.stats()["holding"] == []
 
 
@@ -213,9 +228,9 @@ def test_a_turn_that_gives_up_hands_a_slot_granted_in_the_same_instant_to_the_ne
     scheduler = Scheduler(1, clock)
     assert granted(submit(scheduler, ["t-1"])) == ["t-1"]
     submit(scheduler, ["t-2"])
-    assert granted(scheduler.withdraw("t-1")) == ["t-2"]
-    scheduler.close("t-1")
-    assert scheduler.withdraw("t-1") == []  # forgotten
+    assert granted(scheduler.handle(Withdrawn("t-1"))) == ["t-2"]
+    scheduler.handle(Closed("t-1"))
+    assert scheduler.handle(Withdrawn("t-1")) == []  # forgotten
 
 
 @pytest.mark.parametrize("capacity", [1, 3])

@@ -18,6 +18,7 @@ SUPPLIED = {
     "max_tokens": (CouncilSettings, "max_tokens"),
     "vllm_num_cpus": (VLLMActorSettings, "num_cpus"),
     "vllm_max_num_seqs": (VLLMActorSettings, "max_num_seqs"),
+    "vllm_max_model_len": (VLLMActorSettings, "max_model_len"),
     "nats_url": (ConnectOptions, "url"),
 }
 
@@ -35,6 +36,7 @@ def test_a_setting_is_described_and_bounded_by_the_field_it_supplies(setting, ta
         ("FLEET_ENGINE_SLOTS", "0", "greater than or equal to 1"),
         ("FLEET_MAX_TOKENS", "8", "greater than or equal to 16"),
         ("FLEET_VLLM_NUM_CPUS", "0", "greater than 0"),
+        ("FLEET_VLLM_MAX_MODEL_LEN", "0", "greater than 0"),
     ],
 )
 def test_a_value_out_of_the_supplied_fields_bounds_is_refused_by_its_variable(variable, value, message):

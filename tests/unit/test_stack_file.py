@@ -1,5 +1,6 @@
 """How every command finds the running local stack: `.fleet/stack.json` written by `fleet dev`, an
-explicit variable always winning, and no guessed server when there is neither."""
+explicit variable always winning, and no guessed server when there is neither (the commands
+themselves, each a process of its own: tests/integration/test_stack_file.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,6 @@ from pathlib import Path
 import pytest
 
 from fleet_pipelines import stack
-from fleet_pipelines.events.options import NO_NATS
-from fleet_pipelines.events.streams import NatsError
-from fleet_pipelines.resources.events import NatsResource
 from fleet_pipelines.settings import FleetSettings
 from fleet_pipelines.stack_file import read_stack, remove_stack, running_stack, write_stack
 
@@ -25,18 +23,6 @@ PARTS = {
     "RAY_AUTH_TOKEN_PATH": "/tmp/stack-state/ray/auth_token",
     "DAGSTER_HOME": "/tmp/stack-home",
 }
-CLEAN = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-
-
-def fleet(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fleet_pipelines.cli", *args],
-        cwd=cwd,
-        env={**CLEAN, "HOME": str(cwd), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_settings_take_the_running_stacks_parts_and_a_variable_always_wins(tmp_path: Path):
@@ -76,29 +62,6 @@ def test_a_record_whose_stack_is_gone_or_whose_pid_was_reused_is_ignored(tmp_pat
     assert FleetSettings.from_env({"FLEET_STATE_DIR": str(state)}).nats_url is None
     path.write_text("{not json")
     assert read_stack(state) is None
-
-
-def test_without_a_stack_or_nats_url_commands_say_so_in_one_line_and_connect_nowhere(tmp_path: Path):
-    with pytest.raises(NatsError, match=NO_NATS.replace("(", r"\(").replace(")", r"\)")):
-        NatsResource().ensure_streams(dry_run=True)
-    for args in (
-        ["nats", "init"],
-        ["nats", "rejected"],
-        ["deliberate", "Write add(a, b)."],
-        ["run", "Write add."],
-    ):
-        done = fleet(tmp_path, *args)
-        verb = " ".join(args[:2]) if args[0] == "nats" else args[0]
-        assert (done.returncode, done.stderr) == (1, f"fleet {verb}: {NO_NATS}\n"), done.stderr
-
-
-def test_a_command_in_the_stacks_folder_finds_its_nats_with_a_clean_environment(
-    tmp_path: Path, nats_server: str
-):
-    write_stack(tmp_path / ".fleet", "http://127.0.0.1:3999", {**PARTS, "NATS_URL": nats_server})
-    done = fleet(tmp_path, "nats", "init", "--dry-run")
-    assert done.returncode == 0, done.stderr
-    assert "PLANNING_EVENTS: " in done.stdout and done.stdout.endswith("dry run: nothing was changed\n")
 
 
 def test_a_second_fleet_dev_on_the_same_state_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture):

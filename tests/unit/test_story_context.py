@@ -8,12 +8,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from fleet_pipelines.assets.deliberation import (
-    build_deliberation_job,
-    deliberation_assets,
-    deliberation_run_config,
-)
-from fleet_pipelines.assets.partitions import deliberation_partitions
 from fleet_pipelines.assets.story import STORY_DECISIONS, story_decisions
 from fleet_pipelines.domain.context import ContextEntry, assemble
 from fleet_pipelines.domain.models import TurnKind
@@ -21,11 +15,8 @@ from fleet_pipelines.events.context import context_entry, context_subject
 from fleet_pipelines.events.models import EventEnvelope
 from fleet_pipelines.events.planning import StreamMessage, plan_deliberations
 from fleet_pipelines.events.streams import PLAN_APPROVED, PLANNING_STREAM
-from fleet_pipelines.names import DELIBERATION_JOB
-from fleet_pipelines.resources.council import CouncilResource
 from fleet_pipelines.resources.events import NatsResource
-from fleet_pipelines.resources.io import DomainIOManager
-from fleet_pipelines.resources.repos import ReposResource
+from tests.jobs import deliberation_defs, deliberation_resources, run_deliberation
 from tests.scripted import ScriptedTurnRunner, recorded
 
 ADD = "def add(a, b):\n    return a + b"
@@ -100,21 +91,11 @@ def test_a_plans_story_fields_travel_to_every_task_and_not_from_a_task():
 
 
 def run(instance, tmp_path: Path, nats_url: str, task_id: str, fields: dict, log: Path):
-    defs = dg.Definitions(
-        assets=[*deliberation_assets, story_decisions],
-        jobs=[build_deliberation_job()],
-        resources={
-            "turn_runner": ScriptedTurnRunner(code=ADD, record_to=str(log)),
-            "council": CouncilResource(),
-            "repos": ReposResource(),
-            "io_manager": DomainIOManager(base_path=str(tmp_path / "storage")),
-            "nats": NatsResource(url=nats_url),
-        },
+    runner = ScriptedTurnRunner(code=ADD, record_to=str(log))
+    defs = deliberation_defs(
+        deliberation_resources(tmp_path / "storage", NatsResource(url=nats_url), runner), [story_decisions]
     )
-    instance.add_dynamic_partitions(deliberation_partitions.name, [task_id])
-    result = defs.resolve_job_def(DELIBERATION_JOB).execute_in_process(
-        run_config=deliberation_run_config(fields), instance=instance, partition_key=task_id
-    )
+    result = run_deliberation(defs, instance, task_id, fields)
     assert result.success
     return result, defs
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from fleet_pipelines.domain.models import Message, Role, TurnKind, TurnRequest
-from fleet_pipelines.domain.tool_turns import tool_turns
+from fleet_pipelines.domain.tool_turns import ToolTurns
 from fleet_pipelines.domain.tools import (
     TOOL_CALL_CLOSE,
     StepBudget,
@@ -43,7 +43,7 @@ def run(replies: dict[str, list[str]], budget: StepBudget, agents=("a1",), kinds
         executed.append((name, arguments))
         return f"output of {name}"
 
-    runner = tool_turns(engine, execute, budget)
+    runner = ToolTurns(engine, execute, budget)
     results = runner([request(a, k) for a in agents for k in (kinds or [TurnKind.PROPOSE])])
     return results, executed, engine
 
@@ -122,7 +122,7 @@ def run_json(replies: list[str], protocol="json"):
         executed.append((name, arguments))
         return CALC
 
-    runner = tool_turns(engine, execute, StepBudget(), protocol=protocol, files=FILES)
+    runner = ToolTurns(engine, execute, StepBudget(), protocol=protocol, files=FILES)
     [result] = runner([request("a1")])
     return result, executed, engine
 
@@ -177,6 +177,22 @@ def test_a_reply_cut_off_mid_json_is_answered_not_run():
         "error: the reply is not one JSON object"
     )
     assert extract_patch(result.content)
+
+
+def test_an_answer_cut_off_after_whole_edits_keeps_them():
+    cut = ANSWER.split('"rationale"')[0].rstrip(", ]") + ', {"path": "calc.py", "sea'
+    result, _, engine = run_json([cut])
+    assert len(engine.batches) == 1 and "+    return a + b" in extract_patch(result.content)
+
+
+def test_a_cut_answer_whose_edits_change_nothing_stands_as_written():
+    """Cut off by its token limit (no rationale) with a no-op edit, refused, then the same again:
+    the turn's proposal is the reply it wrote, never an empty one that the decision would not
+    count (CI: the agent with this answer was left out, and a 2-agent quorum failed)."""
+    noop = '{"edits": [{"path": "calc.py", "search": "    return a - b", "replace": "    return a - b"}'
+    result, _, engine = run_json([noop, noop])
+    assert len(engine.batches) == 2 and result.tool_steps[0].output.startswith("error: edit 1")
+    assert result.ok and result.content == noop and not extract_patch(result.content)
 
 
 def test_native_calls_are_answered_as_tool_messages():

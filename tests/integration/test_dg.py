@@ -4,6 +4,7 @@ workspace.yaml and `dagster dev`. Run exactly as the README shows, from the proj
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,10 @@ DG = str(Path(sys.executable).with_name("dg"))
 
 
 def dg(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([DG, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    """`dg` as a user's shell runs it: without the DAGSTER_HOME a `fleet` command of an earlier test
+    exported into this worker (two workers' `dg` migrating one SQLite home at once raced in alembic)."""
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    return subprocess.run([DG, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_dg_check_defs_loads_the_code_location():

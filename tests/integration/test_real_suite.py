@@ -1,0 +1,80 @@
+"""The repository judge on a real project: inflection 0.5.1 from its pinned, hash-checked PyPI
+sdist (downloaded once into .cache/sdists/), prepared as `fleet run --repo` prepares a repository
+and judged in the real sandbox. Counting is SWE-bench's: the base's passing tests must still
+pass, and the hidden test names the bug."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet_pipelines.domain.models import Constraints, RepoSpec, Task
+from fleet_pipelines.evaluation.real_suites import (
+    SUITES,
+    comment_patch,
+    diff,
+    gate,
+)
+from fleet_pipelines.evaluation.sdists import fetch, replace_line, unpack_repo
+from fleet_pipelines.sandbox import isolation_available
+from fleet_pipelines.workspace.prepare import prepare_workspace
+
+pytestmark = pytest.mark.skipif(not isolation_available()[0], reason="needs the bubblewrap sandbox")
+INFLECTION = next(s for s in SUITES if s.name == "inflection")
+
+
+def test_inflection_comment_passes_a_mutant_fails_and_a_bug_fix_is_told_from_a_comment(
+    tmp_path, traversable_dir
+):
+    archive = fetch(INFLECTION.sdist)
+    path, old, new = INFLECTION.mutant
+    repo = unpack_repo(archive, tmp_path / "clean")
+    workspace = prepare_workspace(
+        "inflection", RepoSpec(url=str(repo), test_command=INFLECTION.test_command), traversable_dir
+    )
+    task = Task(task_id="inflection", description="a change", role="DEV", num_agents=1)
+
+    failures, checks, evidence = gate(workspace, task, comment_patch(repo, path))
+    assert failures == [], failures
+    assert evidence.tests is not None and evidence.tests.passed >= 455 and evidence.tests.failed == 0
+    tests = next(c for c in checks if c.name == "tests")
+    assert "pass-to-pass in plain pytest" in tests.evidence and "re-run across the boundary" in tests.evidence
+
+    broken = diff(repo, path, replace_line((repo / path).read_text(), old, new))
+    failures, _, evidence = gate(workspace, task, broken)
+    assert failures and failures[0].startswith("tests = ")
+    assert (
+        evidence.tests is not None and "test_inflection.py::test_ordinal[13-13th]" in evidence.tests.failing
+    )
+
+    failures, _, evidence = gate(workspace, task, "")
+    assert failures == [] and evidence.applies and evidence.apply_output == "no change proposed"
+
+    buggy = unpack_repo(archive, tmp_path / "buggy", INFLECTION.mutant)
+    bug_ws = prepare_workspace(
+        "inflection-bug", RepoSpec(url=str(buggy), test_command=INFLECTION.test_command), traversable_dir
+    )
+    bug_task = task.model_copy(update={"constraints": Constraints(tests=INFLECTION.hidden)})
+    fix = diff(buggy, path, replace_line((buggy / path).read_text(), new, old))
+    failures, _, evidence = gate(bug_ws, bug_task, fix)
+    assert failures == [], failures
+    assert evidence.hidden is not None and (evidence.hidden.passed, evidence.hidden.failed) == (1, 0)
+    # the base's failing tests (the bug's) are not counted: they neither help the fix nor fail a no-op
+    assert evidence.tests is not None and evidence.tests.not_counted >= 8 and evidence.tests.failed == 0
+    failures, _, evidence = gate(bug_ws, bug_task, comment_patch(buggy, path))
+    assert failures and evidence.hidden is not None and evidence.hidden.failed == 1
+    # unless the task names them: its fail-to-pass tests count, across the boundary
+    named = bug_task.model_copy(update={"description": "test_ordinal fails for 13: ordinal(13) is not 'th'"})
+    failures, _, evidence = gate(bug_ws, named, fix)
+    assert failures == [] and evidence.tests is not None, failures
+    assert evidence.tests.fail_to_pass == evidence.tests.fail_to_pass_passed >= 1, evidence.tests
+    failures, _, evidence = gate(bug_ws, named, comment_patch(buggy, path))
+    assert failures and evidence.tests is not None and evidence.tests.fail_to_pass_passed == 0
+    # hidden tests pytest collects without their source naming each (a TestCase not named Test*):
+    # all of them in one session, judged as any others
+    unittest_style = (
+        "import unittest\nfrom inflection import ordinal\n\n\nclass Ordinals(unittest.TestCase):\n"
+        "    def test_thirteenth(self):\n        self.assertEqual(ordinal('13'), 'th')\n"
+    )
+    as_case = bug_task.model_copy(update={"constraints": Constraints(tests=unittest_style)})
+    failures, _, evidence = gate(bug_ws, as_case, fix)
+    assert failures == [] and evidence.hidden is not None and evidence.hidden.passed == 1, failures
