@@ -211,5 +211,9 @@ def workspace_metadata(ready: Workspace) -> dict[str, dg.RawMetadataValue]:
         "baseline": dg.MetadataValue.md(baseline_md(ready)),
         "skipped": dg.MetadataValue.md("\n".join(f"- {s}" for s in ready.skipped) or "_nothing_"),
         "dependencies": dg.MetadataValue.md("\n".join(f"- `{d}`" for d in ready.dependencies) or "_none_"),
+        "test_dependencies": dg.MetadataValue.md(
+            "\n".join(f"- `{d}`" for d in ready.test_dependencies)
+            or (f"_left out_: {ready.test_dependencies_error}" if ready.test_dependencies_error else "_none_")
+        ),
         "path": dg.MetadataValue.path(ready.path),
     }

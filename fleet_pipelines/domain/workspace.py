@@ -171,6 +171,12 @@ class Workspace(BaseModel):
     total_bytes: int = 0
     skipped: list[str] = Field(default_factory=list, description="What was not checked out, and why.")
     dependencies: list[str] = Field(default_factory=list)
+    test_dependencies: list[str] = Field(
+        default_factory=list, description="The project's declared test dependencies that were installed."
+    )
+    test_dependencies_error: str = Field(
+        default="", description="Why the declared test dependencies were left out (pip's reason), or empty."
+    )
     baseline: TestEvidence | None = None
 
     @property

@@ -120,6 +120,31 @@ SUITES = [
         "from boltons.strutils import camel2under\n\n"
         "def test_camel2under():\n    assert camel2under('BasicParseTest') == 'basic_parse_test'\n",
     ),
+    # its addopts name pytest-cov (`--cov=wcwidth`), which its pinned test requirements (Python
+    # 3.9's, with linters no wheel of meets) do not install: the options are left out
+    Suite(
+        "wcwidth",
+        "0.2.13",
+        "72ea0c06399eb286d978fdedb6923a9eb47e1c486ce63e9b4e64fc18303972b5",
+        "pytest tests",
+        ("wcwidth/wcwidth.py", "    width = 0", "    width = 1"),
+        "from wcwidth import wcswidth\n\ndef test_wcswidth():\n    assert wcswidth('abc') == 3\n",
+    ),
+    # its test dependency group installs pytest-cov, which the judge does not load (its addopts
+    # `--cov=semver --cov-report ...` are left out); its doctests run from addopts
+    Suite(
+        "semver",
+        "3.0.4",
+        "afc7d8c584a5ed0a11033af086e8af226a9c0b206f313e0301f8dd7b6b589602",
+        "pytest",
+        (
+            "src/semver/version.py",
+            "        return cls(self._major, self._minor + 1)",
+            "        return cls(self._major, self._minor + 2)",
+        ),
+        "from semver import bump_minor\n\n"
+        "def test_bump_minor():\n    assert bump_minor('3.4.5') == '3.5.0'\n",
+    ),
 ]
 
 

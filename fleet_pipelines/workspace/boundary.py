@@ -725,7 +725,18 @@ def _emit(fd, entry):
 
 
 def _session(
-    result_fd, wire_path, source, args, cwd, code_cwd, roots, base_roots, env_paths, env, hidden_source=None
+    result_fd,
+    wire_path,
+    source,
+    args,
+    cwd,
+    code_cwd,
+    roots,
+    base_roots,
+    env_paths,
+    env,
+    plugin_source,
+    hidden_source=None,
 ):
     os.environ.clear()
     os.environ.update(env)
@@ -791,8 +802,10 @@ def _session(
                 entry["outcome"] = "cannot_cross"
             _emit(result_fd, {"id": nodeid, **entry})
 
+    addopts = types.ModuleType("fleet_addopts")  # sandbox_job's ADDOPTS_PLUGIN, as plain runs have it
+    exec(compile(plugin_source, "fleet_addopts.py", "exec"), addopts.__dict__)
     options = ["-p", "no:cacheprovider", "-p", "no:stepwise", "-o", "console_output_style=classic"]
-    return int(pytest.main([*options, *args], plugins=[Recorder()]))
+    return int(pytest.main([*options, *args], plugins=[Recorder(), addopts]))
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "serve":

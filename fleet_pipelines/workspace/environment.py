@@ -4,13 +4,20 @@ PYTHONPATH) by every sandboxed run of the repository.
 It holds the test runner, copied from this interpreter's own installation (pytest and what it
 requires: no network), and the repository's declared dependencies (`[project].dependencies` of
 its pyproject.toml, `requirements.txt`) plus the task's `setup_command` specifiers, installed
-by pip into the folder. That pip install is the only step of a deliberation that may use the
-network; it takes wheels only (`--only-binary :all:`), so no package's build code runs on the host.
+by pip into the folder, with its declared test dependencies (`declared_test_dependencies`) where
+they install: a project's tests often need a plugin or library its package does not. That pip
+install is the only step of a deliberation that may use the network; it takes wheels only
+(`--only-binary :all:`), so no package's build code runs on the host.
+
+What became of the test dependencies is kept beside them (`TEST_DEPENDENCIES_FILE`): a test
+group whose pins no wheel meets (one written for another Python) is left out with pip's reason,
+and the package's own dependencies are installed without it.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import shlex
@@ -18,11 +25,15 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from configparser import ConfigParser
+from configparser import Error as ConfigError
 from pathlib import Path
 
 TEST_RUNNER = ("pytest",)
 PIP_TIMEOUT_S = 600
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+TEST_GROUPS = ("test", "tests", "testing")  # the names projects give their tests' dependencies
+TEST_DEPENDENCIES_FILE = ".fleet-test-dependencies.json"  # {"installed": [...], "error": "..."}
 
 
 class DependencyError(RuntimeError):
@@ -47,6 +58,74 @@ def declared_dependencies(project: Path) -> list[str]:
             if line and not line.startswith(("-", ".", "/")) and "://" not in line:
                 found.append(line)
     return list(dict.fromkeys(found))
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_lines(text: str) -> list[str]:
+    """Requirement specifiers of a requirements file or a tox `deps` value: comments, options,
+    URLs, paths and editable installs left out."""
+    found = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith(("-", ".", "/")) and "://" not in line and "{" not in line:
+            found.append(line)
+    return found
+
+
+def _group(groups: dict, name: str, seen: frozenset[str] = frozenset()) -> list[str]:
+    """A PEP 735 dependency group's specifiers, its `include-group` entries followed."""
+    found: list[str] = []
+    for entry in groups.get(name, []) if name not in seen else []:
+        if isinstance(entry, str):
+            found.append(entry)
+        elif isinstance(entry, dict) and isinstance(entry.get("include-group"), str):
+            found += _group(groups, entry["include-group"], seen | {name})
+    return found
+
+
+def declared_test_dependencies(project: Path) -> list[str]:
+    """The requirement specifiers the project declares for its tests: the dependency group
+    (PEP 735) and the extra (pyproject, setup.cfg) named test, tests or testing, and tox.ini's
+    `[testenv]` deps (a `-r FILE` there read when FILE is in the project); pytest and what it
+    requires never (the test runner is ours)."""
+    found: list[str] = []
+    pyproject = project / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            data = tomllib.loads(pyproject.read_text(errors="replace"))
+        except tomllib.TOMLDecodeError:
+            data = {}
+        groups = data.get("dependency-groups", {})
+        groups = groups if isinstance(groups, dict) else {}
+        extras = data.get("project", {}).get("optional-dependencies", {})
+        extras = extras if isinstance(extras, dict) else {}
+        for name in TEST_GROUPS:
+            found += _group(groups, name)
+            found += [d for d in extras.get(name, []) if isinstance(d, str)]
+    configs = (("setup.cfg", "options.extras_require", None), ("tox.ini", "testenv", "deps"))
+    for config, section, key in configs:
+        path = project / config
+        if not path.is_file():
+            continue
+        parser = ConfigParser(interpolation=None)
+        try:
+            parser.read_string(path.read_text(errors="replace"))
+        except ConfigError:
+            continue
+        if not parser.has_section(section):
+            continue
+        for name in [key] if key else TEST_GROUPS:
+            value = parser.get(section, name, fallback="")
+            found += _requirement_lines(value)
+            for included in re.findall(r"^\s*-r\s*(\S+)", value, re.MULTILINE):
+                target = (project / included.replace("{toxinidir}/", "")).resolve()
+                if target.is_file() and target.is_relative_to(project.resolve()):
+                    found += _requirement_lines(target.read_text(errors="replace"))
+    runner = {_key(d.metadata["Name"]) for d in _distribution_closure(TEST_RUNNER)}
+    return [d for d in dict.fromkeys(found) if (m := _NAME.match(d)) and _key(m.group(1)) not in runner]
 
 
 def _distribution_closure(names: tuple[str, ...]) -> list[importlib.metadata.Distribution]:
@@ -83,30 +162,56 @@ def _copy_distribution(dist: importlib.metadata.Distribution, target: Path) -> N
             shutil.copyfile(source, destination)
 
 
+def _pip_install(target: Path, wanted: list[str], constraints: Path) -> None:
+    """pip installs `wanted` into `target`, wheels only, the test runner held at our versions."""
+    argv = [sys.executable, "-m", "pip", "install", "--quiet", "--no-input", "--disable-pip-version-check"]
+    argv += ["--only-binary", ":all:", "--no-compile", "--constraint", str(constraints)]
+    argv += ["--target", str(target), "--", *wanted]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, cwd=target)
+    except subprocess.TimeoutExpired as exc:
+        raise DependencyError(f"pip install took over {PIP_TIMEOUT_S} s: {wanted}") from exc
+    if done.returncode != 0:
+        raise DependencyError(f"pip install {' '.join(wanted)} failed: {done.stderr.strip()[-800:]}")
+
+
+def test_dependencies_status(env: Path) -> dict:
+    """What became of the project's test dependencies in environment `env`: {"installed":
+    [specifiers], "error": pip's reason they were left out, or ""}."""
+    try:
+        found = json.loads((env / TEST_DEPENDENCIES_FILE).read_text())
+    except (OSError, ValueError):
+        return {"installed": [], "error": ""}
+    return found if isinstance(found, dict) else {"installed": [], "error": ""}
+
+
 def build_environment(project: Path, target: Path, extra: str = "") -> list[str]:
-    """Fills `target` (made here) with the test runner and the project's dependencies; returns
-    what was installed from the index (empty: nothing needed the network)."""
+    """Fills `target` (made here) with the test runner and the project's dependencies, its test
+    dependencies where they install; returns what was installed from the index (empty: nothing
+    needed the network)."""
     target.mkdir(parents=True, exist_ok=False)
-    for dist in _distribution_closure(TEST_RUNNER):
+    runner = _distribution_closure(TEST_RUNNER)
+    for dist in runner:
         _copy_distribution(dist, target)
+    constraints = target / ".fleet-constraints.txt"
+    constraints.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in runner))
     wanted = [*declared_dependencies(project), *shlex.split(extra)]
-    if wanted:
-        argv = [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-input",
-            "--disable-pip-version-check",
-        ]
-        argv += ["--only-binary", ":all:", "--no-compile", "--target", str(target), "--", *wanted]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, cwd=target)
-        except subprocess.TimeoutExpired as exc:
-            raise DependencyError(f"pip install took over {PIP_TIMEOUT_S} s: {wanted}") from exc
-        if done.returncode != 0:
-            raise DependencyError(f"pip install {' '.join(wanted)} failed: {done.stderr.strip()[-800:]}")
+    tests = [d for d in declared_test_dependencies(project) if d not in wanted]
+    status: dict = {"installed": [], "error": ""}
+    try:
+        if tests:
+            try:
+                _pip_install(target, [*wanted, *tests], constraints)
+                status["installed"] = tests
+            except DependencyError as exc:  # the package's own dependencies alone, then
+                status["error"] = str(exc)
+                tests = []
+        if wanted and not tests:
+            _pip_install(target, wanted, constraints)
+    finally:
+        constraints.unlink()
+    (target / TEST_DEPENDENCIES_FILE).write_text(json.dumps(status))
+    wanted += tests
     for directory, _dirs, files in os.walk(target):
         os.chmod(directory, 0o555)
         for name in files:

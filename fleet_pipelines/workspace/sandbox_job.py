@@ -17,6 +17,7 @@ reach its stdout. The report is the last line of stdout, after REPORT_MARK.
 """
 
 import ast
+import configparser
 import contextlib
 import ctypes
 import importlib
@@ -40,6 +41,11 @@ WORK = "/work"
 REPO = "/work/repo"
 EXCERPT = 1_500
 MAX_FAILING = 50
+# The sample's session on the base stops after max(SAMPLE_MIN_S, SAMPLE_PLAIN_RATIO x the plain
+# run): what crossed by then is the plan's sample, the rest is not sampled (a project whose tests
+# cross slowly, as more-itertools' iterators without a cgroup, no longer makes a first job long).
+SAMPLE_MIN_S = 20.0
+SAMPLE_PLAIN_RATIO = 1.0
 MAX_NOT_FOUND_RETRIES = 4  # the plan's sample run again without the ids pytest did not find
 
 
@@ -49,8 +55,39 @@ def excerpt(text, limit=EXCERPT):
     return text[: limit // 3] + "\n...\n" + text[-(2 * limit) // 3 :]
 
 
+# Plugins of the environment that change how tests run rather than what they check: they
+# distribute, measure, reorder, reseed or rerun tests. The judge runs each test once, in order, in
+# processes of its own; their options are left out of addopts (ADDOPTS_PLUGIN).
+RUN_CONTROL_PLUGINS = {"pytest-xdist", "pytest-cov", "pytest-randomly", "pytest-rerunfailures"}
+
+
+def env_plugins(env="/mnt/env"):
+    """`-p MODULE` for each pytest plugin the dependency environment installs (its `pytest11`
+    entry points), less RUN_CONTROL_PLUGINS. Autoloading is off (a patch could add entry points);
+    the environment is the base's declared dependencies, read-only, so its plugins load by name."""
+    found = []
+    if not os.path.isdir(env):
+        return found
+    for info in sorted(os.listdir(env)):
+        points = os.path.join(env, info, "entry_points.txt")
+        if not info.endswith(".dist-info") or not os.path.isfile(points):
+            continue
+        dist = re.sub(r"[-_.]+", "-", info.removesuffix(".dist-info").rsplit("-", 1)[0]).lower()
+        if dist in RUN_CONTROL_PLUGINS:
+            continue
+        parser = configparser.ConfigParser(interpolation=None, delimiters=("=",))
+        parser.optionxform = str
+        with contextlib.suppress(configparser.Error, OSError, UnicodeDecodeError):
+            parser.read(points)
+        if parser.has_section("pytest11"):
+            for value in parser["pytest11"].values():
+                found += ["-p", value.split(":")[0].strip()]
+    return found
+
+
 def environment(job):
-    """The environment of every command: the dependency environment importable, nothing else."""
+    """The environment of every command: the dependency environment importable, its pytest
+    plugins loaded by name (`env_plugins`), nothing else."""
     return {
         "PATH": "/work/.bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": WORK,
@@ -62,21 +99,70 @@ def environment(job):
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_CEILING_DIRECTORIES": WORK,
+        "PYTEST_ADDOPTS": shlex.join(env_plugins()),
     }
+
+
+BOOT = "/work/.fleet/boot"
+
+# The configuration's `addopts` less the options that no plugin of the run defines (pytest-cov's
+# `--cov=pkg`, xdist's `-n auto`, with their value): pytest would refuse the whole run for them
+# ("unrecognized arguments"), and plugins are loaded only by name here. Left out after the
+# conftests are loaded (they may define options too), so that pytest's own parser decides; what
+# was left out is said on stderr. The test command's own arguments are never touched.
+# With FLEET_IMPORT_MODE=append (the in-process runs), pytest's `prepend` import mode (its
+# default: test folders ahead of the standard library) becomes `append`; a configured
+# `importlib` (no folder on sys.path at all) or `append` is kept.
+ADDOPTS_PLUGIN = """
+import os
+import sys
+
+import pytest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    wanted = os.environ.get("FLEET_IMPORT_MODE")
+    if wanted and early_config.known_args_namespace.importmode == "prepend":
+        early_config.known_args_namespace.importmode = wanted  # the conftests' imports
+        args.append("--import-mode=" + wanted)  # the test modules'
+    result = yield
+    addopts = [str(a) for a in early_config.getini("addopts")]
+    if addopts and args[: len(addopts)] == addopts:
+        unknown = set(parser.parse_known_and_unknown_args(addopts)[1])
+        kept, dropped, i = [], [], 0
+        while i < len(addopts):
+            word = addopts[i]
+            if word in unknown and word.startswith("-"):
+                takes = "=" not in word and i + 1 < len(addopts) and not addopts[i + 1].startswith("-")
+                dropped += addopts[i : i + 1 + takes]
+                i += 1 + takes
+                continue
+            kept.append(word)
+            i += 1
+        if dropped:
+            args[: len(addopts)] = kept
+            said = "fleet: addopts options no plugin of this run defines, left out: " + " ".join(dropped)
+            print(said, file=sys.stderr)
+    return result
+"""
 
 
 def in_process_environment(job, cwd):
     """The environment of a command that runs the repository in process (the test command, as
     the baseline and the agents' run_tests tool run it): the repository importable after the
     standard library and the environment (a sitecustomize of ours appends it; PYTHONSAFEPATH:
-    no working directory ahead of the standard library), never ahead of them."""
-    boot = "/work/.fleet/boot"
-    os.makedirs(boot, exist_ok=True)
-    with open(f"{boot}/sitecustomize.py", "w") as f:
+    no working directory ahead of the standard library), never ahead of them; pytest with
+    `ADDOPTS_PLUGIN` (`fleet_addopts`)."""
+    os.makedirs(BOOT, exist_ok=True)
+    with open(f"{BOOT}/sitecustomize.py", "w") as f:
         f.write(f"import sys\nsys.path.extend({[cwd, os.path.join(cwd, 'src')]!r})\n")
+    with open(f"{BOOT}/fleet_addopts.py", "w") as f:
+        f.write(ADDOPTS_PLUGIN)
     env = environment(job)
-    env["PYTHONPATH"] = ":".join([boot, *filter(None, [env["PYTHONPATH"]])])
+    env["PYTHONPATH"] = ":".join([BOOT, *filter(None, [env["PYTHONPATH"]])])
     env["PYTHONSAFEPATH"] = "1"
+    env["PYTEST_ADDOPTS"] += " -p fleet_addopts"
     return env
 
 
@@ -123,7 +209,8 @@ def tests(argv, cwd, env, timeout_s, report_file, ran, require_report=False):
     test is an error whatever its exit status (code under test that ends the process early, e.g.
     `os._exit(0)` on import, would otherwise pass)."""
     env = dict(env)
-    env["PYTEST_ADDOPTS"] = f"-p no:cacheprovider --import-mode=append --junitxml={report_file}"
+    env["PYTEST_ADDOPTS"] += f" -p no:cacheprovider --junitxml={report_file}"
+    env["FLEET_IMPORT_MODE"] = "append"
     if os.path.exists(report_file):
         os.unlink(report_file)
     code, out, duration = run(argv, cwd, env, timeout_s)
@@ -281,7 +368,8 @@ def traced(job, cwd, failing, left_s):
         json.dump(trace_order(failing), f)
     env = in_process_environment(job, cwd)
     env["PYTHONPATH"] = f"/work/.fleet/trace:{env['PYTHONPATH']}"
-    env["PYTEST_ADDOPTS"] = "-p no:cacheprovider --import-mode=append -p fleet_trace"
+    env["PYTEST_ADDOPTS"] += " -p no:cacheprovider -p fleet_trace"
+    env["FLEET_IMPORT_MODE"] = "append"
     run(["python", "-m", "pytest", *job["trace_args"]], cwd, env, timeout_s)
     with contextlib.suppress(OSError, ValueError), open("/work/.fleet/executed.json") as f:
         found = json.load(f)
@@ -404,7 +492,7 @@ def plain(state, job, args, ran):
         "args": args,
         "cwd": cwd,
         "env": env,
-        "path": [*env_paths, *stdlib, cwd, os.path.join(cwd, "src")],
+        "path": [BOOT, *env_paths, *stdlib, cwd, os.path.join(cwd, "src")],  # BOOT: fleet_addopts
         "out": "/work/.fleet/plain.out",
         "timeout_s": job["timeout_s"],
     }
@@ -770,6 +858,7 @@ def session(state, boundary, job, args=None, hidden=None, timeout_s=None):
         "env_paths": [p for p in ("/mnt/env",) if os.path.isdir(p)],
         "env": {k: v for k, v in environment(job).items() if k != "PYTHONPATH"},
         "hidden_source": hidden,
+        "plugin_source": ADDOPTS_PLUGIN,
     }
     start = time.monotonic()
     results_r, results_w = os.pipe()
@@ -903,13 +992,15 @@ def main():
             drawn = random.Random(job.get("seed", 0)).sample(passing, size)
             sample = list(dict.fromkeys([*named, *drawn]))
             if sample:  # which of them the boundary can judge: re-run across it after the patch
-                report["plan_sample"] = sampled = session(state, boundary, job, args=sample)
+                budget = min(job["timeout_s"], max(SAMPLE_MIN_S, SAMPLE_PLAIN_RATIO * base["duration_s"]))
+                sampled = session(state, boundary, job, args=sample, timeout_s=budget)
                 for _ in range(MAX_NOT_FOUND_RETRIES):  # the base (no patch yet): its output is trusted
                     found = [i for i in sample if i not in sampled["not_found"]]
                     if found == sample or not found or sampled["results"]:
                         break
                     sample = found
-                    report["plan_sample"] = sampled = session(state, boundary, job, args=sample)
+                    sampled = session(state, boundary, job, args=sample, timeout_s=budget)
+                report["plan_sample"] = sampled
         if job.get("hidden_tests"):
             report["plan_hidden"] = hidden_sessions(state, boundary, job)
         if job.get("patch") is None:

@@ -78,3 +78,39 @@ def test_inflection_comment_passes_a_mutant_fails_and_a_bug_fix_is_told_from_a_c
     as_case = bug_task.model_copy(update={"constraints": Constraints(tests=unittest_style)})
     failures, _, evidence = gate(bug_ws, as_case, fix)
     assert failures == [] and evidence.hidden is not None and evidence.hidden.passed == 1, failures
+
+
+@pytest.mark.parametrize("name", ["wcwidth", "semver"])
+def test_projects_whose_configuration_names_coverage_are_judged_with_their_test_dependencies(
+    name, tmp_path, traversable_dir
+):
+    """wcwidth 0.2.13 and semver 3.0.4 put pytest-cov's `--cov` in their addopts: before, pytest
+    refused every run ("unrecognized arguments") and no test could be judged. semver's test group
+    installs (pytest-cov among them, not loaded: the judge measures no coverage) and its
+    `importlib` import mode is kept; wcwidth's pinned test requirements (Python 3.9's) have no
+    wheels here: left out with pip's reason, the package still judged."""
+    suite = next(s for s in SUITES if s.name == name)
+    archive = fetch(suite.sdist)
+    repo = unpack_repo(archive, tmp_path / "clean")
+    workspace = prepare_workspace(
+        name, RepoSpec(url=str(repo), test_command=suite.test_command), traversable_dir
+    )
+    if name == "semver":
+        assert "pytest-cov" in workspace.test_dependencies and not workspace.test_dependencies_error
+    else:
+        assert (
+            workspace.test_dependencies == [] and "restructuredtext-lint" in workspace.test_dependencies_error
+        )
+    baseline = workspace.baseline
+    assert baseline is not None and baseline.status == "passed" and baseline.passed >= 38, baseline
+    assert "left out: " in baseline.output and "--cov=" in baseline.output
+
+    task = Task(task_id=name, description="a change", role="DEV", num_agents=1)
+    path, old, new = suite.mutant
+    failures, _, evidence = gate(workspace, task, comment_patch(repo, path))
+    assert failures == [] and evidence.tests is not None, failures
+    assert evidence.tests.passed == baseline.passed and evidence.tests.failed == 0
+    broken = diff(repo, path, replace_line((repo / path).read_text(), old, new))
+    failures, _, evidence = gate(workspace, task, broken)
+    assert failures and failures[0].startswith("tests = ") and evidence.tests is not None
+    assert evidence.tests.failed > 0

@@ -511,3 +511,69 @@ def test_the_plan_samples_the_projects_own_tests_of_what_the_hidden_tests_call()
     assert len(sandbox_job.named_ids(passing, hidden, 5)) == 5
     assert sandbox_job.named_ids(passing, "from inflection import *\n", 5) == []
     assert sandbox_job.named_ids(passing, "not python (", 5) == []
+
+
+def test_a_projects_declared_test_dependencies_are_read_where_projects_write_them(tmp_path: Path):
+    from fleet_pipelines.workspace.environment import declared_test_dependencies
+
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent("""
+        [project]
+        name = "p"
+        dependencies = ["attrs"]
+        optional-dependencies = {tests = ["hypothesis>=6"], docs = ["sphinx"]}
+        [dependency-groups]
+        lint = ["ruff"]
+        mocks = ["pytest-mock"]
+        test = ["pytest>=7", {include-group = "mocks"}, "pytest-cov"]
+        """)
+    )
+    (tmp_path / "setup.cfg").write_text("[options.extras_require]\ntesting = freezegun\n    pluggy\n")
+    (tmp_path / "requirements-tests.txt").write_text("# pinned\nresponses==0.25.0\n-e .\n")
+    (tmp_path.parent / "outside.txt").write_text("evil\n")
+    (tmp_path / "tox.ini").write_text(
+        "[testenv]\ndeps =\n    -r{toxinidir}/requirements-tests.txt\n    -r ../outside.txt\n    coverage\n"
+    )
+    # the groups named test/tests/testing, include-group followed; pytest and what it requires
+    # (pluggy) are the judge's own runner and never installed; a -r outside the project is not read
+    assert declared_test_dependencies(tmp_path) == [
+        "pytest-mock",
+        "pytest-cov",
+        "hypothesis>=6",
+        "freezegun",
+        "coverage",
+        "responses==0.25.0",
+    ]
+    assert declared_test_dependencies(tmp_path / "missing") == []
+
+
+def test_the_environments_pytest_plugins_load_by_name_less_those_that_control_the_run(tmp_path: Path):
+    from fleet_pipelines.workspace import sandbox_job
+
+    for dist, points in (
+        ("pytest_mock-3.14.0", "[pytest11]\npytest_mock = pytest_mock\n"),
+        ("pytest_cov-6.0.0", "[pytest11]\npytest_cov = pytest_cov.plugin\n"),
+        ("pytest_xdist-3.6.1", "[pytest11]\nxdist = xdist.plugin\nxdist.looponfail = xdist.looponfail\n"),
+        (
+            "hypothesis-6.100.0",
+            "[console_scripts]\nhypothesis = hypothesis.extra.cli:main\n"
+            "[pytest11]\nhypothesispytest = _hypothesis_pytestplugin\n",
+        ),
+        ("attrs-24.2.0", ""),
+    ):
+        (tmp_path / f"{dist}.dist-info").mkdir()
+        if points:
+            (tmp_path / f"{dist}.dist-info" / "entry_points.txt").write_text(points)
+    assert sandbox_job.env_plugins(str(tmp_path)) == ["-p", "_hypothesis_pytestplugin", "-p", "pytest_mock"]
+    assert sandbox_job.env_plugins(str(tmp_path / "none")) == []
+
+
+def test_a_plan_is_kept_when_only_the_samples_session_ended_at_its_budget():
+    from fleet_pipelines.workspace.runs import _plan_done
+
+    plain = {"timeout": False, "outcomes": {"t::a": "passed"}}
+    cut = {"done": False, "timeout": True, "results": {"t::a": {"outcome": "passed"}}}
+    assert _plan_done({"plan_plain": plain, "plan_sample": cut})  # what crossed by then is the sample
+    assert _plan_done({"plan_plain": plain, "plan_sample": cut, "plan_hidden": {"done": True}})
+    assert not _plan_done({"plan_plain": plain, "plan_hidden": {"done": False}})
+    assert not _plan_done({"plan_plain": {**plain, "timeout": True}})
