@@ -59,7 +59,7 @@ from fleet_pipelines.sandbox import cgroups
 from fleet_pipelines.workspace import runs
 from fleet_pipelines.workspace.checkout import make_writable
 from fleet_pipelines.workspace.prepare import prepare_workspace
-from fleet_pipelines.workspace.sandbox_job import ADDOPTS_PLUGIN
+from fleet_pipelines.workspace.sandbox_job import ADDOPTS_PLUGIN, env_plugins
 
 PLUGIN = """
 import json, os
@@ -79,9 +79,9 @@ def plain_pytest(
     repo: Path, env_path: str, command: str, change: Mutant | None = None, timeout_s: float = 600
 ) -> tuple[set[str] | None, float]:
     """The ids plain pytest passes on a copy of `repo` (with `change` made), with the workspace's
-    environment, its plugins loaded as the project's own CI loads them (autoload), the addopts no
-    installed plugin defines left out as the judge leaves them out (`ADDOPTS_PLUGIN`); None when
-    it ran past `timeout_s` (a mutant that loops)."""
+    environment, its plugins loaded by name and the addopts no loaded plugin defines left out, as
+    the judge loads and leaves them out (`env_plugins`, `ADDOPTS_PLUGIN`; autoload would also load
+    this interpreter's own plugins); None when it ran past `timeout_s` (a mutant that loops)."""
     scratch = Path(tempfile.mkdtemp())
     try:
         shutil.copytree(repo, scratch / "repo", symlinks=True)
@@ -95,6 +95,7 @@ def plain_pytest(
             # as the sandbox's in-process runs: the project and its src/ after the environment
             "PYTHONPATH": f"{scratch}:{env_path}:{scratch / 'repo'}:{scratch / 'repo' / 'src'}",
             "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
             "FLEET_BENCH_IDS": str(scratch / "ids.json"),
         }
         args = command.split()[1:]
@@ -112,6 +113,7 @@ def plain_pytest(
                     "fleet_bench_ids",
                     "-p",
                     "fleet_addopts",
+                    *env_plugins(env_path),
                     *args,
                 ],
                 cwd=scratch / "repo",
