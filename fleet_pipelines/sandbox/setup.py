@@ -300,7 +300,9 @@ _UID_POOL = Path(tempfile.gettempdir()) / "fleet-sandbox-uids"  # root-only: a l
 # Where root keeps copies, readable by the runs' uids, of what they run that other users cannot
 # read (an interpreter installed in root's home directory): root-owned, written by root only.
 _RUNTIME = Path(tempfile.gettempdir()) / "fleet-sandbox-runtime"
-_STDLIB_LEFT_OUT = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip")  # + site-packages' contents
+# + site-packages' contents; tkinter is kept, as where the standard library is bound whole (six's
+# tests import it)
+_STDLIB_LEFT_OUT = ("test", "idlelib", "turtledemo", "ensurepip")
 
 
 def _readable_by_others(path: str) -> bool:
@@ -340,7 +342,8 @@ def _readable_copy(path: str, keep: tuple[str, ...] = ()) -> str:
     if _readable_by_others(path):
         return path
     info = os.stat(path)
-    key = hashlib.sha256(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\0{keep}".encode()).hexdigest()[:24]
+    made = f"{path}\0{info.st_size}\0{info.st_mtime_ns}\0{keep}\0{_STDLIB_LEFT_OUT}"
+    key = hashlib.sha256(made.encode()).hexdigest()[:24]
     root = _root_only_dir(_RUNTIME, 0o755)
     target = root / key / Path(path).name
     if target.exists():
@@ -479,14 +482,17 @@ TOOL_DIR = "/fleet/bin"  # where `tools` appear in the sandbox, read-only, by th
 
 @functools.cache
 def tool_binds(tools: tuple[str, ...], readable: bool) -> tuple[str, ...]:
-    """bwrap args binding host executables (git, ruff) read-only at TOOL_DIR/NAME, with the
-    shared libraries they load."""
+    """bwrap args binding host executables (git, ruff, sh) read-only at TOOL_DIR/NAME, with the
+    shared libraries they load; `sh` is also /bin/sh, where `subprocess`'s `shell=True`,
+    `os.system` and `os.popen` look for it."""
     source = _readable_copy if readable else str
     real = [os.path.realpath(t) for t in tools]
     args: list[str] = []
     _library_binds(real, source, args, set())
     for tool, path in zip(tools, real, strict=True):
         args += ["--ro-bind", source(path), f"{TOOL_DIR}/{os.path.basename(tool)}"]
+        if os.path.basename(tool) == "sh":
+            args += ["--symlink", f"{TOOL_DIR}/sh", "/bin/sh"]
     return tuple(args)
 
 

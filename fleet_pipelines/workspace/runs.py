@@ -69,7 +69,8 @@ def _run_job(workspace: Workspace, job: dict, limits: RepoRunLimits) -> tuple[di
         mounts["env"] = workspace.env_path
     git = shutil.which("git")
     ruff = ruff_binary()
-    tools = tuple(t for t in (git, ruff) if t)
+    # sh: a project's tests may shell out (`shell=True`, `os.system`, `subprocess.getoutput`)
+    tools = tuple(t for t in (git, ruff, shutil.which("sh")) if t)
     job = {
         "subdir": workspace.subdir,
         "git": git and f"{TOOL_DIR}/{Path(git).name}",

@@ -376,6 +376,29 @@ def test_a_test_that_needs_an_object_of_the_code_is_judged_as_plain_pytest_judge
 
 
 @needs_sandbox
+def test_a_repositorys_tests_can_shell_out_and_import_tkinter_as_on_the_host(tmp_path, root):
+    """Real suites do both (six's `test_getoutput` and its `tkinter` moves failed in the sandbox
+    only): the sandbox has the host's `sh` at /bin/sh, and the standard library with tkinter
+    (also where a root caller runs it from a copy)."""
+    files = {
+        "tests/test_shell.py": (
+            "import os\nimport subprocess\n\n\ndef test_shell():\n"
+            "    assert subprocess.getoutput('echo $((6 * 7))') == '42'\n"
+            "    assert os.system('exit 3') >> 8 == 3\n"
+        ),
+    }
+    try:  # where this interpreter has tkinter, the sandbox's has it too
+        import tkinter  # noqa: F401
+
+        files["tests/test_tk.py"] = "import tkinter\n\n\ndef test_tk():\n    assert tkinter.TkVersion >= 8\n"
+    except ImportError:
+        pass
+    ws = prepare_workspace("shell", RepoSpec(url=str(make_repo(tmp_path / "src", files))), root)
+    assert ws.baseline is not None and ws.baseline.status == "passed", ws.baseline
+    assert (ws.baseline.passed, ws.baseline.failed) == (len(files), 0)
+
+
+@needs_sandbox
 def test_hidden_tests_of_a_name_the_base_lacks_still_count(tmp_path, root):
     """A task that asks for a new function: on the base commit its hidden tests cannot even be
     collected, so what counts is read from their source. The patch that adds it passes them; one
