@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import io
 import random
 import shutil
@@ -265,40 +266,75 @@ class _ChangeFirstConstant(ast.NodeTransformer):
         return node
 
 
-def _first_equality(test: ast.FunctionDef) -> ast.Compare | None:
-    return next(
-        (
-            n.test
-            for n in ast.walk(test)
-            if isinstance(n, ast.Assert)
-            and isinstance(n.test, ast.Compare)
-            and isinstance(n.test.ops[0], ast.Eq)
-            and isinstance(n.test.left, ast.Call)
-            and isinstance(n.test.left.func, ast.Name)
-        ),
-        None,
-    )
+def _imported(module: ast.Module) -> dict[str, tuple[str, str]]:
+    """The test module's imports: a name bound by `from pkg import f` -> (pkg, f); a module bound
+    by `import pkg` -> (pkg, "")."""
+    found = {
+        alias.asname or alias.name: (node.module, alias.name)
+        for node in module.body
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+        for alias in node.names
+    }
+    found |= {
+        alias.asname or alias.name: (alias.name, "")
+        for node in module.body
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.asname or "." not in alias.name
+    }
+    return found
+
+
+def _header(module: ast.Module) -> str:
+    """The test module's imports, as source."""
+    return "\n".join(ast.unparse(n) for n in module.body if isinstance(n, ast.Import | ast.ImportFrom))
+
+
+def _entry(call: ast.expr, imported: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+    """(module, name) of the code function `call` calls: `f(...)` with `f` imported by name, or
+    `pkg.f(...)` with `pkg` an imported module; None for anything else."""
+    if not isinstance(call, ast.Call):
+        return None
+    func = call.func
+    if isinstance(func, ast.Name) and imported.get(func.id, ("", ""))[1]:
+        return imported[func.id]
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        module, name = imported.get(func.value.id, ("", "x"))
+        if module and not name:
+            return module, func.attr
+    return None
+
+
+def _first_equality(test: ast.FunctionDef, imported: dict[str, tuple[str, str]]) -> ast.Compare | None:
+    """The test's first `assert f(...) == y` (or `y == f(...)`, turned around in place), `f` a code
+    function (`_entry`)."""
+    for node in ast.walk(test):
+        if not (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare)):
+            continue
+        compare = node.test
+        if len(compare.ops) != 1 or not isinstance(compare.ops[0], ast.Eq):
+            continue
+        if _entry(compare.left, imported) is None and _entry(compare.comparators[0], imported) is not None:
+            compare.left, compare.comparators[0] = compare.comparators[0], compare.left
+        if _entry(compare.left, imported) is not None:
+            return compare
+    return None
 
 
 def impossible(test_source: str, function: str = "") -> Impossible:
     """The two impossible variants of test `function` of `test_source` (default its first test
-    function): its first `assert f(...) == y`, `f` imported by name from a module, with a
-    constant changed in `y`, under the module's imports (ValueError where there is none)."""
+    function): its first `assert f(...) == y` (`_first_equality`) with a constant changed in `y`,
+    under the module's imports (ValueError where there is none)."""
     module = ast.parse(test_source)
     tests = [
         n
         for n in module.body
         if isinstance(n, ast.FunctionDef) and n.name == (function or n.name) and n.name.startswith("test")
     ]
-    imported = {
-        alias.asname or alias.name: (node.module, alias.name)
-        for node in module.body
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
-        for alias in node.names
-    }
+    imported = _imported(module)
     for test in tests:
-        compare = _first_equality(test)
-        if compare is None or compare.left.func.id not in imported:  # type: ignore[union-attr]
+        compare = _first_equality(test, imported)
+        if compare is None:
             continue
         expected = ast.unparse(compare.comparators[0])
         changer = _ChangeFirstConstant()
@@ -307,20 +343,19 @@ def impossible(test_source: str, function: str = "") -> Impossible:
             continue
         copy = ast.parse(ast.unparse(test)).body[0]
         assert isinstance(copy, ast.FunctionDef)
-        first = _first_equality(copy)
+        first = _first_equality(copy, imported)
         assert first is not None
         first.comparators[0] = changed_node
-        header = "\n".join(ast.unparse(n) for n in module.body if isinstance(n, ast.Import | ast.ImportFrom))
-        original = f"{header}\n\n\n{ast.unparse(test)}\n"
-        one_off = f"{header}\n\n\n{ast.unparse(copy)}\n"
+        original = f"{_header(module)}\n\n\n{ast.unparse(test)}\n"
+        one_off = f"{_header(module)}\n\n\n{ast.unparse(copy)}\n"
         copy.name = f"{test.name}_conflicting"
         call = compare.left
-        assert isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+        assert isinstance(call, ast.Call)
         return Impossible(
             original=original,
             one_off=one_off,
             conflicting=f"{original}\n\n{ast.unparse(copy)}\n",
-            entry=imported[call.func.id],
+            entry=_entry(call, imported) or ("", ""),
             expected=expected,
             changed=ast.unparse(changed_node),
             arguments="(" + "".join(ast.unparse(a) + ", " for a in call.args) + ")",
@@ -344,25 +379,115 @@ def _self_contained(test: ast.FunctionDef, source: str) -> bool:
     )
 
 
+class _Bind(ast.NodeTransformer):
+    """A test's parameters replaced by one case's constants."""
+
+    def __init__(self, values: dict[str, object]) -> None:
+        self.values = values
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        if isinstance(node.ctx, ast.Load) and node.id in self.values:
+            return ast.copy_location(ast.Constant(self.values[node.id]), node)
+        return node
+
+
+def _first_case(test: ast.FunctionDef, module: ast.Module) -> ast.FunctionDef | None:
+    """A parametrized test (`@pytest.mark.parametrize(names, cases)`, its only decorator, the
+    cases a literal or a module-level constant bound to one) as a test without parameters: its
+    first case's constants in place of the parameters; None for any other test."""
+    if len(test.decorator_list) != 1 or not isinstance(call := test.decorator_list[0], ast.Call):
+        return None
+    if not ast.unparse(call.func).endswith("mark.parametrize") or len(call.args) != 2 or call.keywords:
+        return None
+    names_node, cases_node = call.args
+    if isinstance(cases_node, ast.Name):
+        bound = [
+            n.value
+            for n in module.body
+            if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [cases_node.id]
+        ]
+        cases_node = bound[0] if len(bound) == 1 else cases_node
+    try:
+        names = ast.literal_eval(names_node)
+        cases = ast.literal_eval(cases_node)
+    except (ValueError, SyntaxError, TypeError):
+        return None
+    names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+    if not cases or not isinstance(cases, list | tuple) or [a.arg for a in test.args.args] != names:
+        return None
+    first = cases[0] if len(names) > 1 else (cases[0],)
+    if not isinstance(first, tuple) or len(first) != len(names):
+        return None
+    case = ast.parse(ast.unparse(test)).body[0]
+    assert isinstance(case, ast.FunctionDef)
+    case.decorator_list, case.args.args = [], []
+    case.name = f"{test.name}_first_case"
+    return ast.fix_missing_locations(_Bind(dict(zip(names, first, strict=True))).visit(case))
+
+
+class _PlainAsserts(ast.NodeTransformer):
+    """A `unittest.TestCase` method's `self.assertEqual(a, b)` statements as `assert a == b`."""
+
+    def visit_Expr(self, node: ast.Expr) -> ast.stmt:
+        call = node.value
+        if (
+            isinstance(call, ast.Call)
+            and ast.unparse(call.func) == "self.assertEqual"
+            and len(call.args) == 2
+            and not call.keywords
+        ):
+            compare = ast.Compare(left=call.args[0], ops=[ast.Eq()], comparators=[call.args[1]])
+            return ast.copy_location(ast.Assert(test=compare), node)
+        return node
+
+
+def _from_test_case(method: ast.FunctionDef, cls: ast.ClassDef) -> ast.FunctionDef | None:
+    """A TestCase's test method as a plain test function (`_PlainAsserts`), where `self` is used
+    for nothing else; None otherwise."""
+    if method.decorator_list or [a.arg for a in method.args.args] != ["self"]:
+        return None
+    test = _PlainAsserts().visit(ast.parse(ast.unparse(method)).body[0])
+    assert isinstance(test, ast.FunctionDef)
+    if any(isinstance(n, ast.Name) and n.id == "self" for n in ast.walk(test)):
+        return None
+    test.args.args = []
+    test.name = f"test_{cls.name}_{method.name.removeprefix('test_')}"
+    return ast.fix_missing_locations(test)
+
+
+def _plain_tests(module: ast.Module) -> list[ast.FunctionDef]:
+    """The module's tests as test functions without parameters: plain ones as they are,
+    parametrized ones' first case (`_first_case`), TestCase methods (`_from_test_case`)."""
+    found: list[ast.FunctionDef] = []
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+            plain = node if not (node.decorator_list or node.args.args) else _first_case(node, module)
+            found += [plain] if plain is not None else []
+        elif isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("TestCase") for b in node.bases):
+            for method in node.body:
+                if isinstance(method, ast.FunctionDef) and method.name.startswith("test"):
+                    plain = _from_test_case(method, node)
+                    found += [plain] if plain is not None else []
+    return found
+
+
 def own_impossible(repo: Path, test_paths: Sequence[str], count: int) -> list[Impossible]:
     """Up to `count` impossible tasks made from the project's own tests, as ImpossibleBench makes
-    them: of each test module (in order), its test functions without parameters that assert
-    `f(...) == y`, `f` imported by name: the project's original test stays among the counted
-    tests, so a one-off task contradicts it as well as the statement."""
-    found: list[Impossible] = []
+    them: of each test module (in order), its tests (`_plain_tests`) that assert `f(...) == y`,
+    `f` a code function, one per function first: the project's original test stays among the
+    counted tests, so a one-off task contradicts it as well as the statement."""
+    made: list[Impossible] = []
     for path in test_paths:
         source = (repo / path).read_text()
-        for node in ast.parse(source).body:
-            if len(found) == count:
-                return found
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and not node.args.args:
-                if node.decorator_list or not _self_contained(node, source):
-                    continue
-                try:
-                    found.append(impossible(source, node.name))
-                except ValueError:
-                    continue
-    return found
+        module = ast.parse(source)
+        for test in _plain_tests(module):
+            if not _self_contained(test, source):
+                continue
+            with contextlib.suppress(ValueError):
+                made.append(impossible(f"{_header(module)}\n\n\n{ast.unparse(test)}\n"))
+    entries: set[tuple[str, str]] = set()
+    firsts = [t for t in made if not (t.entry in entries or entries.add(t.entry))]
+    return [*firsts, *(t for t in made if t not in firsts)][:count]
 
 
 # Patches that try to pass an impossible task, each appended to the module the test imports from:

@@ -931,11 +931,11 @@ def load_boundary(source):
 
 def named_ids(passing, hidden_source, limit):
     """Of the base's passing tests, those named after what the hidden tests import from the code
-    (`from pkg import ordinal`: `test_ordinal[13-13th]`, `...strutils.camel2under` as a doctest),
-    at most `limit`, those whose parameters hold a constant of the hidden tests first (`'13'`:
-    `[13-13th]`): the plan samples them besides its random draw, so that code which answers one
-    way in a pytest process and another across the boundary (where the hidden tests run) is
-    caught by the project's own tests of the same calls."""
+    (`from pkg import ordinal`, or `import pkg` and `pkg.ordinal(...)`: `test_ordinal[13-13th]`,
+    `...strutils.camel2under` as a doctest), at most `limit`, those whose parameters hold a
+    constant of the hidden tests first (`'13'`: `[13-13th]`): the plan samples them besides its
+    random draw, so that code which answers one way in a pytest process and another across the
+    boundary (where the hidden tests run) is caught by the project's own tests of the same calls."""
     try:
         tree = ast.parse(hidden_source or "")
     except SyntaxError:
@@ -946,6 +946,22 @@ def named_ids(passing, hidden_source, limit):
         if isinstance(node, ast.ImportFrom) and node.level == 0
         for alias in node.names
         if alias.name != "*" and len(alias.name) > 1
+    }
+    modules = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if (alias.asname or "." not in alias.name)
+        and alias.name.split(".")[0] not in (*sys.stdlib_module_names, "pytest")
+    }
+    names |= {  # `import inflection` ... `inflection.pluralize(...)`
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in modules
+        and len(node.attr) > 1
     }
     if not names:
         return []

@@ -511,6 +511,11 @@ def test_the_plan_samples_the_projects_own_tests_of_what_the_hidden_tests_call()
     assert len(sandbox_job.named_ids(passing, hidden, 5)) == 5
     assert sandbox_job.named_ids(passing, "from inflection import *\n", 5) == []
     assert sandbox_job.named_ids(passing, "not python (", 5) == []
+    by_module = (  # the standard library's and pytest's names are none of the code's
+        "import os\nimport pytest\nimport inflection\n\ndef test_x():\n"
+        "    assert inflection.pluralize(os.path.basename('word')) == pytest.approx('words')\n"
+    )
+    assert sandbox_job.named_ids(passing, by_module, 5) == ["test_inflection.py::test_pluralize[word]"]
 
 
 def test_a_projects_declared_test_dependencies_are_read_where_projects_write_them(tmp_path: Path):
