@@ -59,7 +59,7 @@ from fleet_pipelines.sandbox import cgroups
 from fleet_pipelines.workspace import runs
 from fleet_pipelines.workspace.checkout import make_writable
 from fleet_pipelines.workspace.prepare import prepare_workspace
-from fleet_pipelines.workspace.sandbox_job import ADDOPTS_PLUGIN, env_plugins
+from fleet_pipelines.workspace.sandbox_job import ADDOPTS_PLUGIN, pytest_options
 
 PLUGIN = """
 import json, os
@@ -80,8 +80,10 @@ def plain_pytest(
 ) -> tuple[set[str] | None, float]:
     """The ids plain pytest passes on a copy of `repo` (with `change` made), with the workspace's
     environment, its plugins loaded by name and the addopts no loaded plugin defines left out, as
-    the judge loads and leaves them out (`env_plugins`, `ADDOPTS_PLUGIN`; autoload would also load
-    this interpreter's own plugins); None when it ran past `timeout_s` (a mutant that loops)."""
+    the judge loads and leaves them out (`pytest_options`, `ADDOPTS_PLUGIN`; autoload would also
+    load this interpreter's own plugins), and without this interpreter's site-packages (`-S`: the
+    sandbox has only the standard library and the environment; toml's numpy tests passed on the
+    host from our own numpy); None when it ran past `timeout_s` (a mutant that loops)."""
     scratch = Path(tempfile.mkdtemp())
     try:
         shutil.copytree(repo, scratch / "repo", symlinks=True)
@@ -104,6 +106,7 @@ def plain_pytest(
             subprocess.run(
                 [
                     sys.executable,
+                    "-S",
                     "-m",
                     "pytest",
                     "-q",
@@ -113,7 +116,7 @@ def plain_pytest(
                     "fleet_bench_ids",
                     "-p",
                     "fleet_addopts",
-                    *env_plugins(env_path),
+                    *pytest_options(env_path),
                     *args,
                 ],
                 cwd=scratch / "repo",
@@ -129,6 +132,20 @@ def plain_pytest(
         make_writable(scratch)
         shutil.rmtree(scratch)
     return {i for i, o in outcomes.items() if o == "passed"}, wall
+
+
+def code_file(repo: Path) -> str:
+    """The project's first Python file that is not a test, a doc or its setup (where a repository
+    added with `--sdist` gets its comment patch)."""
+    skip = ("test", "doc", "setup.py", "conftest.py", "bench", "example")
+    found = sorted(
+        str(p.relative_to(repo))
+        for p in repo.rglob("*.py")
+        if not any(part.startswith(skip) for part in p.relative_to(repo).parts)
+    )
+    if not found:
+        raise ValueError(f"{repo.name}: no Python file outside its tests")
+    return found[0]
 
 
 def verdict(workspace, task: Task, patch: str) -> tuple[dict, float]:
@@ -249,7 +266,7 @@ def run_suite(suite: Suite, root: Path, mutant_count: int = 0, impossible_count:
     spec = RepoSpec(url=str(repo), ref="main", test_command=suite.test_command)
     workspace = prepare_workspace(suite.name, spec, root / "ws")
     task = Task(task_id=suite.name, description=f"{suite.name}: a change", role="DEV", num_agents=1)
-    target = suite.comment_path or (suite.mutant[0] if suite.mutant else "setup.py")
+    target = suite.comment_path or (suite.mutant[0] if suite.mutant else code_file(repo))
     plain, plain_s = plain_pytest(repo, workspace.env_path, suite.test_command)
     if plain is None:
         raise TimeoutError(f"plain pytest ran past {plain_s:g} s on the unchanged project")

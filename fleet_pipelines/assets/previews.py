@@ -215,5 +215,8 @@ def workspace_metadata(ready: Workspace) -> dict[str, dg.RawMetadataValue]:
             "\n".join(f"- `{d}`" for d in ready.test_dependencies)
             or (f"_left out_: {ready.test_dependencies_error}" if ready.test_dependencies_error else "_none_")
         ),
+        "own_removed": dg.MetadataValue.md(
+            ", ".join(f"`{n}`" for n in ready.own_removed) or "_none_: the tests import the repository's code"
+        ),
         "path": dg.MetadataValue.path(ready.path),
     }

@@ -177,6 +177,10 @@ class Workspace(BaseModel):
     test_dependencies_error: str = Field(
         default="", description="Why the declared test dependencies were left out (pip's reason), or empty."
     )
+    own_removed: list[str] = Field(
+        default_factory=list,
+        description="The project's own modules a dependency installed, removed from the environment.",
+    )
     baseline: TestEvidence | None = None
 
     @property

@@ -177,12 +177,49 @@ def _pip_install(target: Path, wanted: list[str], constraints: Path) -> None:
 
 def test_dependencies_status(env: Path) -> dict:
     """What became of the project's test dependencies in environment `env`: {"installed":
-    [specifiers], "error": pip's reason they were left out, or ""}."""
+    [specifiers], "error": pip's reason they were left out, or "", "own_removed": [the project's
+    own modules a dependency brought, removed]}."""
+    empty = {"installed": [], "error": "", "own_removed": []}
     try:
         found = json.loads((env / TEST_DEPENDENCIES_FILE).read_text())
     except (OSError, ValueError):
-        return {"installed": [], "error": ""}
-    return found if isinstance(found, dict) else {"installed": [], "error": ""}
+        return empty
+    return {**empty, **found} if isinstance(found, dict) else empty
+
+
+_NOT_OWN = {"setup", "conftest", "test", "tests", "testing", "doc", "docs"}
+
+
+def own_names(project: Path) -> set[str]:
+    """The top-level modules and packages the project holds (at its root and in `src/`), as the
+    boundary finds them (`boundary.repository_names`): a `.py` file, or a folder with one."""
+    found = set()
+    for root in (project, project / "src"):
+        for entry in root.iterdir() if root.is_dir() else ():
+            if entry.suffix == ".py" and entry.is_file():
+                found.add(entry.stem)
+            elif entry.is_dir() and entry.name.isidentifier() and any(entry.glob("*.py")):
+                found.add(entry.name)
+    return {n for n in found if n.isidentifier() and n not in _NOT_OWN}
+
+
+def _drop_own(project: Path, target: Path) -> list[str]:
+    """Removes from environment `target` the project's own modules that a dependency brought
+    (freezegun requires python-dateutil, hypothesis attrs): the environment comes before the
+    repository on the path, so that copy, not the repository's code, would be what the tests
+    import and judge. Their dist-info folders go too. Returns the names removed."""
+    own = own_names(project)
+    gone = [e for e in target.iterdir() if e.name.split(".")[0] in own and not e.name.endswith(".dist-info")]
+    for entry in gone:
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    removed = {e.name.split(".")[0] for e in gone}
+    for info in list(target.glob("*.dist-info")):
+        record = info / "RECORD"
+        files = record.read_text(errors="replace").splitlines() if record.is_file() else []
+        tops = {f.split(",")[0].split("/")[0].split(".")[0] for f in files} - {info.name.split(".")[0], ""}
+        if tops and tops <= removed | {"..", "__pycache__"}:
+            shutil.rmtree(info)
+    return sorted(removed)
 
 
 def build_environment(project: Path, target: Path, extra: str = "") -> list[str]:
@@ -197,7 +234,7 @@ def build_environment(project: Path, target: Path, extra: str = "") -> list[str]
     constraints.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in runner))
     wanted = [*declared_dependencies(project), *shlex.split(extra)]
     tests = [d for d in declared_test_dependencies(project) if d not in wanted]
-    status: dict = {"installed": [], "error": ""}
+    status: dict = {"installed": [], "error": "", "own_removed": []}
     try:
         if tests:
             try:
@@ -210,6 +247,7 @@ def build_environment(project: Path, target: Path, extra: str = "") -> list[str]
             _pip_install(target, wanted, constraints)
     finally:
         constraints.unlink()
+    status["own_removed"] = _drop_own(project, target)
     (target / TEST_DEPENDENCIES_FILE).write_text(json.dumps(status))
     wanted += tests
     for directory, _dirs, files in os.walk(target):

@@ -79,5 +79,6 @@ def prepare_workspace(
         dependencies=declared_dependencies(project),
         test_dependencies=(tests := test_dependencies_status(final / "env"))["installed"],
         test_dependencies_error=tests["error"],
+        own_removed=tests["own_removed"],
     )
     return workspace.model_copy(update={"baseline": baseline(workspace, run_limits or RepoRunLimits())})

@@ -55,39 +55,43 @@ def excerpt(text, limit=EXCERPT):
     return text[: limit // 3] + "\n...\n" + text[-(2 * limit) // 3 :]
 
 
-# Plugins of the environment that change how tests run rather than what they check: they
-# distribute, measure, reorder, reseed or rerun tests. The judge runs each test once, in order, in
-# processes of its own; their options are left out of addopts (ADDOPTS_PLUGIN).
-RUN_CONTROL_PLUGINS = {"pytest-xdist", "pytest-cov", "pytest-randomly", "pytest-rerunfailures"}
+# Plugins of the environment that change how tests run rather than what they check are loaded
+# (their markers and fixtures stay: a project's conftest may mark `no_cover`, a test may take
+# `worker_id`) with the options that turn that off: the judge runs each test once, in order, in
+# processes of its own. pytest-randomly, which reorders and reseeds tests, is not loaded.
+NEUTRAL_OPTIONS = {"pytest-cov": ["--no-cov"], "pytest-xdist": ["-n", "0"]}
+NOT_LOADED = {"pytest-randomly"}
+# Deprecations of the judge's pytest (newer than a project's CI may have run) never fail a test,
+# even under a project's `filterwarnings = error` (python-dateutil's generator parametrize).
+PYTEST_DEPRECATIONS = ["-W", "ignore::pytest.PytestRemovedIn10Warning"]
 
 
-def env_plugins(env="/mnt/env"):
-    """`-p MODULE` for each pytest plugin the dependency environment installs (its `pytest11`
-    entry points), less RUN_CONTROL_PLUGINS. Autoloading is off (a patch could add entry points);
-    the environment is the base's declared dependencies, read-only, so its plugins load by name."""
-    found = []
-    if not os.path.isdir(env):
-        return found
-    for info in sorted(os.listdir(env)):
+def pytest_options(env="/mnt/env"):
+    """pytest's options for every run: `-p MODULE` for each plugin the dependency environment
+    installs (its `pytest11` entry points), less NOT_LOADED, with NEUTRAL_OPTIONS, and
+    PYTEST_DEPRECATIONS. Autoloading is off (a patch could add entry points); the environment is
+    the base's declared dependencies, read-only, so its plugins load by name."""
+    found, neutral = [], []
+    for info in sorted(os.listdir(env)) if os.path.isdir(env) else []:
         points = os.path.join(env, info, "entry_points.txt")
         if not info.endswith(".dist-info") or not os.path.isfile(points):
             continue
         dist = re.sub(r"[-_.]+", "-", info.removesuffix(".dist-info").rsplit("-", 1)[0]).lower()
-        if dist in RUN_CONTROL_PLUGINS:
-            continue
         parser = configparser.ConfigParser(interpolation=None, delimiters=("=",))
         parser.optionxform = str
         with contextlib.suppress(configparser.Error, OSError, UnicodeDecodeError):
             parser.read(points)
-        if parser.has_section("pytest11"):
-            for value in parser["pytest11"].values():
-                found += ["-p", value.split(":")[0].strip()]
-    return found
+        if dist in NOT_LOADED or not parser.has_section("pytest11"):
+            continue
+        for value in parser["pytest11"].values():
+            found += ["-p", value.split(":")[0].strip()]
+        neutral += NEUTRAL_OPTIONS.get(dist, [])
+    return [*found, *neutral, *PYTEST_DEPRECATIONS]
 
 
 def environment(job):
-    """The environment of every command: the dependency environment importable, its pytest
-    plugins loaded by name (`env_plugins`), nothing else."""
+    """The environment of every command: the dependency environment importable, pytest's
+    options (`pytest_options`), nothing else."""
     return {
         "PATH": "/work/.bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": WORK,
@@ -99,7 +103,7 @@ def environment(job):
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_CEILING_DIRECTORIES": WORK,
-        "PYTEST_ADDOPTS": shlex.join(env_plugins()),
+        "PYTEST_ADDOPTS": shlex.join(pytest_options()),
     }
 
 

@@ -552,12 +552,13 @@ def test_a_projects_declared_test_dependencies_are_read_where_projects_write_the
     assert declared_test_dependencies(tmp_path / "missing") == []
 
 
-def test_the_environments_pytest_plugins_load_by_name_less_those_that_control_the_run(tmp_path: Path):
+def test_the_environments_pytest_plugins_load_by_name_with_what_they_change_about_the_run_off(tmp_path: Path):
     from fleet_pipelines.workspace import sandbox_job
 
     for dist, points in (
         ("pytest_mock-3.14.0", "[pytest11]\npytest_mock = pytest_mock\n"),
         ("pytest_cov-6.0.0", "[pytest11]\npytest_cov = pytest_cov.plugin\n"),
+        ("pytest_randomly-3.15.0", "[pytest11]\nrandomly = pytest_randomly\n"),
         ("pytest_xdist-3.6.1", "[pytest11]\nxdist = xdist.plugin\nxdist.looponfail = xdist.looponfail\n"),
         (
             "hypothesis-6.100.0",
@@ -569,8 +570,14 @@ def test_the_environments_pytest_plugins_load_by_name_less_those_that_control_th
         (tmp_path / f"{dist}.dist-info").mkdir()
         if points:
             (tmp_path / f"{dist}.dist-info" / "entry_points.txt").write_text(points)
-    assert sandbox_job.env_plugins(str(tmp_path)) == ["-p", "_hypothesis_pytestplugin", "-p", "pytest_mock"]
-    assert sandbox_job.env_plugins(str(tmp_path / "none")) == []
+    # coverage measured by nothing, xdist distributing nothing (their marks and fixtures stay),
+    # randomly not loaded; the judge's own pytest's deprecations never errors
+    assert sandbox_job.pytest_options(str(tmp_path)) == [
+        *("-p", "_hypothesis_pytestplugin", "-p", "pytest_cov.plugin", "-p", "pytest_mock"),
+        *("-p", "xdist.plugin", "-p", "xdist.looponfail", "--no-cov", "-n", "0"),
+        *("-W", "ignore::pytest.PytestRemovedIn10Warning"),
+    ]
+    assert sandbox_job.pytest_options(str(tmp_path / "none")) == sandbox_job.PYTEST_DEPRECATIONS
 
 
 def test_a_plan_is_kept_when_only_the_samples_session_ended_at_its_budget():
@@ -582,3 +589,28 @@ def test_a_plan_is_kept_when_only_the_samples_session_ended_at_its_budget():
     assert _plan_done({"plan_plain": plain, "plan_sample": cut, "plan_hidden": {"done": True}})
     assert not _plan_done({"plan_plain": plain, "plan_hidden": {"done": False}})
     assert not _plan_done({"plan_plain": {**plain, "timeout": True}})
+
+
+def test_the_projects_own_code_that_a_dependency_installed_is_removed_from_the_environment(tmp_path: Path):
+    """freezegun requires python-dateutil: python-dateutil's own test dependencies put PyPI's
+    dateutil in the environment, which comes before the repository on the path: the tests would
+    have imported, and the judge judged, that copy."""
+    from fleet_pipelines.workspace.environment import _drop_own, own_names
+
+    project, env = tmp_path / "project", tmp_path / "env"
+    (project / "src" / "dateutil").mkdir(parents=True)
+    (project / "src" / "dateutil" / "__init__.py").write_text("")
+    (project / "tests").mkdir()
+    (project / "tests" / "test_tz.py").write_text("")
+    (project / "setup.py").write_text("")
+    (project / "updatezinfo.py").write_text("")
+    assert own_names(project) == {"dateutil", "updatezinfo"}
+    for folder in ("dateutil", "freezegun", "python_dateutil-2.9.0.dist-info", "freezegun-1.5.1.dist-info"):
+        (env / folder).mkdir(parents=True)
+    (env / "six.py").write_text("")
+    (env / "python_dateutil-2.9.0.dist-info" / "RECORD").write_text(
+        "dateutil/__init__.py,sha256=x,1\npython_dateutil-2.9.0.dist-info/METADATA,,\n"
+    )
+    (env / "freezegun-1.5.1.dist-info" / "RECORD").write_text("freezegun/api.py,sha256=x,1\n")
+    assert _drop_own(project, env) == ["dateutil"]
+    assert sorted(p.name for p in env.iterdir()) == ["freezegun", "freezegun-1.5.1.dist-info", "six.py"]
