@@ -439,9 +439,15 @@ def _symlinked(path: str, args: list[str], made: set[str]) -> str:
     return str(current)
 
 
+# The system libraries manylinux wheels may link against and do not carry (PEP 600's policy),
+# beyond those the interpreter loads: C++ extensions in a repository's environment (numpy,
+# toml's tests) need them. Bound where the interpreter's libc is, when the host has them.
+WHEEL_SYSTEM_LIBS = ("libstdc++.so.6", "libgcc_s.so.1")
+
+
 def _library_binds(objects: list[str], source, args: list[str], made: set[str]) -> None:
     """Appends bwrap args binding read-only the shared libraries `objects` load (found by ldd),
-    at the paths the loader looks them up by."""
+    and WHEEL_SYSTEM_LIBS beside their libc, at the paths the loader looks them up by."""
     ldd = shutil.which("ldd")
     libs: set[str] = set()
     if ldd:
@@ -451,6 +457,9 @@ def _library_binds(objects: list[str], source, args: list[str], made: set[str]) 
             for word in words:
                 if word.startswith("/") and not word.endswith(":"):
                     libs.add(word)
+        for libc in [lib for lib in libs if os.path.basename(lib) == "libc.so.6"]:
+            found = (os.path.join(os.path.dirname(libc), name) for name in WHEEL_SYSTEM_LIBS)
+            libs.update(path for path in found if os.path.exists(path))
     else:  # no ldd: the usual library dirs whole
         libs.update(d for d in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(d))
     for lib in sorted(libs):

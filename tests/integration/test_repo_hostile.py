@@ -376,16 +376,20 @@ def test_a_test_that_needs_an_object_of_the_code_is_judged_as_plain_pytest_judge
 
 
 @needs_sandbox
-def test_a_repositorys_tests_can_shell_out_and_import_tkinter_as_on_the_host(tmp_path, root):
-    """Real suites do both (six's `test_getoutput` and its `tkinter` moves failed in the sandbox
-    only): the sandbox has the host's `sh` at /bin/sh, and the standard library with tkinter
-    (also where a root caller runs it from a copy)."""
+def test_a_repositorys_tests_can_shell_out_import_tkinter_and_load_a_cpp_runtime_as_on_the_host(
+    tmp_path, root
+):
+    """Real suites do all three (six's `test_getoutput` and its `tkinter` moves, toml's numpy
+    tests failed in the sandbox only): the sandbox has the host's `sh` at /bin/sh, the standard
+    library with tkinter (also where a root caller runs it from a copy), and the C++ runtime
+    manylinux wheels link against."""
     files = {
         "tests/test_shell.py": (
             "import os\nimport subprocess\n\n\ndef test_shell():\n"
             "    assert subprocess.getoutput('echo $((6 * 7))') == '42'\n"
             "    assert os.system('exit 3') >> 8 == 3\n"
         ),
+        "tests/test_cpp.py": "import ctypes\n\n\ndef test_cpp():\n    ctypes.CDLL('libstdc++.so.6')\n",
     }
     try:  # where this interpreter has tkinter, the sandbox's has it too
         import tkinter  # noqa: F401
