@@ -936,8 +936,9 @@ def load_boundary(source):
 def named_ids(passing, hidden_source, limit):
     """Of the base's passing tests, those named after what the hidden tests import from the code
     (`from pkg import ordinal`, or `import pkg` and `pkg.ordinal(...)`: `test_ordinal[13-13th]`,
-    `...strutils.camel2under` as a doctest), at most `limit`, those whose parameters hold a
-    constant of the hidden tests first (`'13'`: `[13-13th]`): the plan samples them besides its
+    `...strutils.camel2under` as a doctest), at most `limit`, those whose parameters or name hold
+    a constant of the hidden tests first (`'13'`: `[13-13th]`; `'plurals'`:
+    `test_pluralize_plurals`): the plan samples them besides its
     random draw, so that code which answers one way in a pytest process and another across the
     boundary (where the hidden tests run) is caught by the project's own tests of the same calls."""
     try:
@@ -980,7 +981,14 @@ def named_ids(passing, hidden_source, limit):
         name = test_id.partition("[")[0]
         if any(word.search(part) for part in re.split(r"[^A-Za-z0-9_]", name.rsplit("/", 1)[-1])):
             found.append(test_id)
-    found.sort(key=lambda i: not constants & set(i.partition("[")[2].rstrip("]").split("-")))
+
+    def holds_a_constant(test_id):  # in its parameters, or as a word of its name
+        name, _, params = test_id.partition("[")
+        words = set(re.split(r"[^A-Za-z0-9]+|_", name.rsplit("/", 1)[-1]))
+        words |= set(params.rstrip("]").split("-"))
+        return bool(constants & words)
+
+    found.sort(key=lambda i: not holds_a_constant(i))
     return found[:limit]
 
 

@@ -516,6 +516,13 @@ def test_the_plan_samples_the_projects_own_tests_of_what_the_hidden_tests_call()
         "    assert inflection.pluralize(os.path.basename('word')) == pytest.approx('words')\n"
     )
     assert sandbox_job.named_ids(passing, by_module, 5) == ["test_inflection.py::test_pluralize[word]"]
+    # a constant of the hidden test as a word of a test's name ranks it first, past the cap's
+    # parametrized ones (inflection's own one-off of pluralize('plurals') was passed by an
+    # answer that differs only outside pytest while test_pluralize_plurals was not sampled)
+    many = [f"test_inflection.py::test_pluralize_plural[w{n}-w{n}s]" for n in range(30)]
+    many.append("test_inflection.py::test_pluralize_plurals")
+    plurals = "import inflection\n\ndef test_x():\n    assert inflection.pluralize('plurals') == 'plurals!'\n"
+    assert sandbox_job.named_ids(many, plurals, 24)[0] == "test_inflection.py::test_pluralize_plurals"
 
 
 def test_a_projects_declared_test_dependencies_are_read_where_projects_write_them(tmp_path: Path):
