@@ -29,6 +29,8 @@ from configparser import ConfigParser
 from configparser import Error as ConfigError
 from pathlib import Path
 
+from .boundary import repository_names
+
 TEST_RUNNER = ("pytest",)
 PIP_TIMEOUT_S = 600
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
@@ -40,39 +42,39 @@ class DependencyError(RuntimeError):
     """The dependencies could not be installed."""
 
 
-def declared_dependencies(project: Path) -> list[str]:
-    """The requirement specifiers the project declares (pyproject's [project].dependencies, then
-    requirements.txt's lines), without options, URLs or editable installs."""
-    found: list[str] = []
+def _pyproject(project: Path) -> dict:
+    """The project's pyproject.toml as data ({} when it has none or it does not parse)."""
     pyproject = project / "pyproject.toml"
-    if pyproject.is_file():
-        try:
-            data = tomllib.loads(pyproject.read_text(errors="replace"))
-        except tomllib.TOMLDecodeError:
-            data = {}
-        found += [d for d in data.get("project", {}).get("dependencies", []) if isinstance(d, str)]
-    requirements = project / "requirements.txt"
-    if requirements.is_file():
-        for line in requirements.read_text(errors="replace").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line and not line.startswith(("-", ".", "/")) and "://" not in line:
-                found.append(line)
-    return list(dict.fromkeys(found))
-
-
-def _key(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    try:
+        return tomllib.loads(pyproject.read_text(errors="replace")) if pyproject.is_file() else {}
+    except tomllib.TOMLDecodeError:
+        return {}
 
 
 def _requirement_lines(text: str) -> list[str]:
     """Requirement specifiers of a requirements file or a tox `deps` value: comments, options,
-    URLs, paths and editable installs left out."""
+    URLs, paths, editable installs and tox substitutions left out."""
     found = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if line and not line.startswith(("-", ".", "/")) and "://" not in line and "{" not in line:
             found.append(line)
     return found
+
+
+def declared_dependencies(project: Path) -> list[str]:
+    """The requirement specifiers the project declares (pyproject's [project].dependencies, then
+    requirements.txt's lines), without options, URLs or editable installs."""
+    found = [d for d in _pyproject(project).get("project", {}).get("dependencies", []) if isinstance(d, str)]
+    requirements = project / "requirements.txt"
+    if requirements.is_file():
+        found += _requirement_lines(requirements.read_text(errors="replace"))
+    return list(dict.fromkeys(found))
+
+
+def _key(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _group(groups: dict, name: str, seen: frozenset[str] = frozenset()) -> list[str]:
@@ -92,19 +94,14 @@ def declared_test_dependencies(project: Path) -> list[str]:
     `[testenv]` deps (a `-r FILE` there read when FILE is in the project); pytest and what it
     requires never (the test runner is ours)."""
     found: list[str] = []
-    pyproject = project / "pyproject.toml"
-    if pyproject.is_file():
-        try:
-            data = tomllib.loads(pyproject.read_text(errors="replace"))
-        except tomllib.TOMLDecodeError:
-            data = {}
-        groups = data.get("dependency-groups", {})
-        groups = groups if isinstance(groups, dict) else {}
-        extras = data.get("project", {}).get("optional-dependencies", {})
-        extras = extras if isinstance(extras, dict) else {}
-        for name in TEST_GROUPS:
-            found += _group(groups, name)
-            found += [d for d in extras.get(name, []) if isinstance(d, str)]
+    data = _pyproject(project)
+    groups = data.get("dependency-groups", {})
+    groups = groups if isinstance(groups, dict) else {}
+    extras = data.get("project", {}).get("optional-dependencies", {})
+    extras = extras if isinstance(extras, dict) else {}
+    for name in TEST_GROUPS:
+        found += _group(groups, name)
+        found += [d for d in extras.get(name, []) if isinstance(d, str)]
     configs = (("setup.cfg", "options.extras_require", None), ("tox.ini", "testenv", "deps"))
     for config, section, key in configs:
         path = project / config
@@ -134,7 +131,7 @@ def _distribution_closure(names: tuple[str, ...]) -> list[importlib.metadata.Dis
     pending = list(names)
     while pending:
         name = pending.pop()
-        key = re.sub(r"[-_.]+", "-", name).lower()
+        key = _key(name)
         if key in seen:
             continue
         try:
@@ -187,20 +184,11 @@ def test_dependencies_status(env: Path) -> dict:
     return {**empty, **found} if isinstance(found, dict) else empty
 
 
-_NOT_OWN = {"setup", "conftest", "test", "tests", "testing", "doc", "docs"}
-
-
 def own_names(project: Path) -> set[str]:
     """The top-level modules and packages the project holds (at its root and in `src/`), as the
-    boundary finds them (`boundary.repository_names`): a `.py` file, or a folder with one."""
-    found = set()
-    for root in (project, project / "src"):
-        for entry in root.iterdir() if root.is_dir() else ():
-            if entry.suffix == ".py" and entry.is_file():
-                found.add(entry.stem)
-            elif entry.is_dir() and entry.name.isidentifier() and any(entry.glob("*.py")):
-                found.add(entry.name)
-    return {n for n in found if n.isidentifier() and n not in _NOT_OWN}
+    boundary tells the repository's code (`boundary.repository_names`), less `setup` (its build
+    script, never its code)."""
+    return set(repository_names([str(project), str(project / "src")], [], ())) - {"setup"}
 
 
 def _drop_own(project: Path, target: Path) -> list[str]:

@@ -20,6 +20,7 @@ import ast
 import configparser
 import contextlib
 import ctypes
+import functools
 import importlib
 import json
 import os
@@ -66,6 +67,7 @@ NOT_LOADED = {"pytest-randomly"}
 PYTEST_DEPRECATIONS = ["-W", "ignore::pytest.PytestRemovedIn10Warning"]
 
 
+@functools.cache  # read once per job: every command's environment carries them
 def pytest_options(env="/mnt/env"):
     """pytest's options for every run: `-p MODULE` for each plugin the dependency environment
     installs (its `pytest11` entry points), less NOT_LOADED, with NEUTRAL_OPTIONS, and
