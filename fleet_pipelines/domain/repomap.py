@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from .edits import found_once
+from .python_ast import parse_module
 from .workspace import FailToPass, is_test_path
 
 NOT_EDITED_DIRS = frozenset(
@@ -85,7 +86,7 @@ def symbols(path: str, text: str) -> list[Symbol]:
     if not path.endswith((".py", ".pyi")):
         return []
     try:
-        tree = ast.parse(text)
+        tree = parse_module(text)
     except (SyntaxError, ValueError):
         return []
     lines = text.splitlines()

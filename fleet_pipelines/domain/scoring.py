@@ -15,7 +15,6 @@ as `CheckResult`s that `score_proposal` weighs with the rest.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .models import Message, Role, Task, TurnResult
+from .python_ast import parse_module
 from .sections import PROPOSAL_SECTIONS
 
 CODE_ROLES = frozenset({Role.DEV, Role.QA, Role.DEVOPS, Role.DATA})
@@ -219,7 +219,7 @@ def parse_block(block: CodeBlock) -> tuple[bool | None, str]:
     language = _LANG_ALIASES.get(block.language)
     try:
         if language == "python":
-            ast.parse(block.code)
+            parse_module(block.code)
         elif language == "json":
             json.loads(block.code)
         elif language == "yaml":

@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..domain.models import Role, TurnResult
+from ..domain.python_ast import parse_expression, parse_module
 from ..domain.scoring import extract_code_blocks
 
 _PYTHON_LANGS = frozenset({"", "python", "py", "python3"})
@@ -102,7 +103,7 @@ def parse_examples(problem: Problem) -> list[Example]:
 
 def _is_expression(source: str) -> bool:
     try:
-        ast.parse(source, mode="eval")
+        parse_expression(source)
     except SyntaxError:
         return False
     return True
@@ -150,7 +151,7 @@ def prompt_preamble(problem: Problem) -> str:
     the candidate. The helpers the hidden test calls (`poly`, `encode_cyclic`) are the prompt's,
     never the candidate's redefinitions, and the entry point is the candidate's even where a
     builtin has its name."""
-    tree = ast.parse(problem.prompt)
+    tree = parse_module(problem.prompt)
     lines = problem.prompt.splitlines(keepends=True)
     for node in reversed(tree.body):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == problem.entry_point:

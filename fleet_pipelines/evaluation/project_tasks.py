@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..domain.models import RepoSpec
+from ..domain.python_ast import parse_module
 from .sdists import PinnedSdist, fetch, unpack_repo
 
 INFLECTION = PinnedSdist(
@@ -149,7 +150,7 @@ def project_task_fields(task: ProjectTask, repo_path: Path, agents: int = 2, rou
 
 def function_lines(text: str, name: str) -> tuple[int, int]:
     """The first and last line of the (first) function `name` defined in `text`."""
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(parse_module(text)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
             return node.lineno, node.end_lineno or node.lineno
     raise ValueError(f"no function {name!r}")

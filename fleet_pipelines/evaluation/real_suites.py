@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..domain.models import Task
+from ..domain.python_ast import parse_expression, parse_module
 from ..domain.scoring import CheckResult, ProposalScore, gate_failures
 from ..domain.workspace import PatchEvidence, Workspace
 from ..scoring.patch import evidence_checks, fail_to_pass
@@ -325,7 +326,7 @@ def impossible(test_source: str, function: str = "") -> Impossible:
     """The two impossible variants of test `function` of `test_source` (default its first test
     function): its first `assert f(...) == y` (`_first_equality`) with a constant changed in `y`,
     under the module's imports (ValueError where there is none)."""
-    module = ast.parse(test_source)
+    module = parse_module(test_source)
     tests = [
         n
         for n in module.body
@@ -338,10 +339,10 @@ def impossible(test_source: str, function: str = "") -> Impossible:
             continue
         expected = ast.unparse(compare.comparators[0])
         changer = _ChangeFirstConstant()
-        changed_node = changer.visit(ast.parse(expected, mode="eval")).body
+        changed_node = changer.visit(parse_expression(expected)).body
         if not changer.done:
             continue
-        copy = ast.parse(ast.unparse(test)).body[0]
+        copy = parse_module(ast.unparse(test)).body[0]
         assert isinstance(copy, ast.FunctionDef)
         first = _first_equality(copy, imported)
         assert first is not None
@@ -365,7 +366,7 @@ def impossible(test_source: str, function: str = "") -> Impossible:
 
 def _self_contained(test: ast.FunctionDef, source: str) -> bool:
     """Whether every name `test` reads is a builtin, its own, or imported by its module."""
-    module = ast.parse(source)
+    module = parse_module(source)
     known = set(dir(builtins)) | {
         (alias.asname or alias.name).split(".")[0]
         for node in module.body
@@ -418,7 +419,7 @@ def _first_case(test: ast.FunctionDef, module: ast.Module) -> ast.FunctionDef | 
     first = cases[0] if len(names) > 1 else (cases[0],)
     if not isinstance(first, tuple) or len(first) != len(names):
         return None
-    case = ast.parse(ast.unparse(test)).body[0]
+    case = parse_module(ast.unparse(test)).body[0]
     assert isinstance(case, ast.FunctionDef)
     case.decorator_list, case.args.args = [], []
     case.name = f"{test.name}_first_case"
@@ -446,7 +447,7 @@ def _from_test_case(method: ast.FunctionDef, cls: ast.ClassDef) -> ast.FunctionD
     for nothing else; None otherwise."""
     if method.decorator_list or [a.arg for a in method.args.args] != ["self"]:
         return None
-    test = _PlainAsserts().visit(ast.parse(ast.unparse(method)).body[0])
+    test = _PlainAsserts().visit(parse_module(ast.unparse(method)).body[0])
     assert isinstance(test, ast.FunctionDef)
     if any(isinstance(n, ast.Name) and n.id == "self" for n in ast.walk(test)):
         return None
@@ -479,7 +480,7 @@ def own_impossible(repo: Path, test_paths: Sequence[str], count: int) -> list[Im
     made: list[Impossible] = []
     for path in test_paths:
         source = (repo / path).read_text()
-        module = ast.parse(source)
+        module = parse_module(source)
         for test in _plain_tests(module):
             if not _self_contained(test, source):
                 continue

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from ..domain.limits import SandboxLimits
 from ..domain.models import Task
+from ..domain.python_ast import parse_expression, parse_module
 from ..domain.scoring import CheckResult, check_named, extract_code_blocks, python_source
 from ..domain.workspace import excerpt
 from ..linter import RUFF_RULES, ruff_binary
@@ -115,7 +116,7 @@ def example_entry_points(examples: Sequence[tuple[str, str]]) -> list[str]:
     names: dict[str, None] = {}
     for call, _ in examples:
         try:
-            tree = ast.parse(call, mode="eval").body
+            tree = parse_expression(call).body
         except SyntaxError:
             continue
         called = {
@@ -131,7 +132,7 @@ def unstated_builtin_entry_points(code: str, tests: str) -> list[str]:
     name without stating which they mean (`from solution import sorted`): with no example to
     tell (`example_entry_points`), the builtin or the solution's would be a guess."""
     try:
-        solution, test_tree = ast.parse(code), ast.parse(tests)
+        solution, test_tree = parse_module(code), parse_module(tests)
     except SyntaxError:
         return []
     defined = {

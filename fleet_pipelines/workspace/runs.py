@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ..domain.limits import SandboxLimits
+from ..domain.python_ast import parse_module
 from ..domain.repomap import executed_ranges
 from ..domain.workspace import (
     MAX_PATCH_CHARS,
@@ -158,7 +159,7 @@ def hidden_test_ids(source: str) -> list[str]:
     """The node ids pytest gives the hidden tests' functions and methods (without parameters),
     read from their source: counted even when they cannot be collected on the base commit."""
     try:
-        tree = ast.parse(source)
+        tree = parse_module(source)
     except SyntaxError:
         return []
     ids = []
@@ -180,7 +181,7 @@ def hidden_session_ids(source: str) -> list[str]:
     pytest may collect tests their source does not name: a class not named Test* with bases (a
     `unittest.TestCase`), a test bound by assignment."""
     try:
-        tree = ast.parse(source)
+        tree = parse_module(source)
     except SyntaxError:
         return []
     for node in tree.body:
