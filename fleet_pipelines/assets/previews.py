@@ -218,5 +218,6 @@ def workspace_metadata(ready: Workspace) -> dict[str, dg.RawMetadataValue]:
         "own_removed": dg.MetadataValue.md(
             ", ".join(f"`{n}`" for n in ready.own_removed) or "_none_: the tests import the repository's code"
         ),
+        "generated": dg.MetadataValue.md("\n".join(f"- {g}" for g in ready.generated) or "_none_"),
         "path": dg.MetadataValue.path(ready.path),
     }

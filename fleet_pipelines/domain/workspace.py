@@ -181,6 +181,11 @@ class Workspace(BaseModel):
         default_factory=list,
         description="The project's own modules a dependency installed, removed from the environment.",
     )
+    generated: list[str] = Field(
+        default_factory=list,
+        description="Version modules the project's build would generate (setuptools-scm, hatch-vcs), "
+        "written into the checkout, which lacks them: path, version and the setting that asks for it.",
+    )
     baseline: TestEvidence | None = None
 
     @property

@@ -147,6 +147,27 @@ SUITES = [
         "from semver import bump_minor\n\n"
         "def test_bump_minor():\n    assert bump_minor('3.4.5') == '3.5.0'\n",
     ),
+    # both import the version module their build generates (hatch-vcs, setuptools-scm), which
+    # their .gitignore keeps out of a checkout: it is written from their pyproject.toml
+    Suite(
+        "humanize",
+        "4.11.0",
+        "e66f36020a2d5a974c504bd2555cf770621dbdbb6d82f94a6857c0b1ea2608be",
+        "pytest tests",
+        (
+            "src/humanize/number.py",
+            "    if value % 100 in (11, 12, 13):  # special case",
+            "    if value % 100 in (11, 12, 14):  # special case",
+        ),
+        "from humanize import ordinal\n\ndef test_thirteenth():\n    assert ordinal(13) == '13th'\n",
+    ),
+    Suite(
+        "isodate",
+        "0.7.2",
+        "4cd1aa0f43ca76f4a6c6c0292a85f40b35ec2e43e315b59f06e6d32171a953e6",
+        "pytest tests",
+        ("src/isodate/isoduration.py", '        ret = "-"', '        ret = ""'),
+    ),
 ]
 
 

@@ -9,9 +9,10 @@ they install: a project's tests often need a plugin or library its package does 
 install is the only step of a deliberation that may use the network; it takes wheels only
 (`--only-binary :all:`), so no package's build code runs on the host.
 
-What became of the test dependencies is kept beside them (`TEST_DEPENDENCIES_FILE`): a test
-group whose pins no wheel meets (one written for another Python) is left out with pip's reason,
-and the package's own dependencies are installed without it.
+What became of the test dependencies is kept beside them (`STATUS_FILE`): a test group whose
+pins no wheel meets (one written for another Python) is left out with pip's reason, and the
+package's own dependencies are installed without it. So are the version modules the project's
+build would generate, written into the checkout (`version_files`).
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from configparser import Error as ConfigError
 from pathlib import Path
 
 from .boundary import repository_names
+from .version_files import write_version_files
 
 TEST_RUNNER = ("pytest",)
 PIP_TIMEOUT_S = 600
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 TEST_GROUPS = ("test", "tests", "testing")  # the names projects give their tests' dependencies
-TEST_DEPENDENCIES_FILE = ".fleet-test-dependencies.json"  # {"installed": [...], "error": "..."}
+STATUS_FILE = ".fleet-environment.json"  # environment_status()
 
 
 class DependencyError(RuntimeError):
@@ -172,13 +174,14 @@ def _pip_install(target: Path, wanted: list[str], constraints: Path) -> None:
         raise DependencyError(f"pip install {' '.join(wanted)} failed: {done.stderr.strip()[-800:]}")
 
 
-def test_dependencies_status(env: Path) -> dict:
+def environment_status(env: Path) -> dict:
     """What became of the project's test dependencies in environment `env`: {"installed":
     [specifiers], "error": pip's reason they were left out, or "", "own_removed": [the project's
-    own modules a dependency brought, removed]}."""
-    empty = {"installed": [], "error": "", "own_removed": []}
+    own modules a dependency brought, removed], "generated": [version modules written into the
+    checkout (`write_version_files`)]}."""
+    empty = {"installed": [], "error": "", "own_removed": [], "generated": []}
     try:
-        found = json.loads((env / TEST_DEPENDENCIES_FILE).read_text())
+        found = json.loads((env / STATUS_FILE).read_text())
     except (OSError, ValueError):
         return empty
     return {**empty, **found} if isinstance(found, dict) else empty
@@ -212,7 +215,8 @@ def _drop_own(project: Path, target: Path) -> list[str]:
 
 def build_environment(project: Path, target: Path, extra: str = "") -> list[str]:
     """Fills `target` (made here) with the test runner and the project's dependencies, its test
-    dependencies where they install; returns what was installed from the index (empty: nothing
+    dependencies where they install, and writes the version modules the project's build would
+    generate into the checkout at `project`; returns what was installed from the index (empty: nothing
     needed the network)."""
     target.mkdir(parents=True, exist_ok=False)
     runner = _distribution_closure(TEST_RUNNER)
@@ -222,7 +226,12 @@ def build_environment(project: Path, target: Path, extra: str = "") -> list[str]
     constraints.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in runner))
     wanted = [*declared_dependencies(project), *shlex.split(extra)]
     tests = [d for d in declared_test_dependencies(project) if d not in wanted]
-    status: dict = {"installed": [], "error": "", "own_removed": []}
+    status: dict = {
+        "installed": [],
+        "error": "",
+        "own_removed": [],
+        "generated": write_version_files(project),
+    }
     try:
         if tests:
             try:
@@ -236,7 +245,7 @@ def build_environment(project: Path, target: Path, extra: str = "") -> list[str]
     finally:
         constraints.unlink()
     status["own_removed"] = _drop_own(project, target)
-    (target / TEST_DEPENDENCIES_FILE).write_text(json.dumps(status))
+    (target / STATUS_FILE).write_text(json.dumps(status))
     wanted += tests
     for directory, _dirs, files in os.walk(target):
         os.chmod(directory, 0o555)

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..domain.models import RepoSpec, safe_partition_key
 from ..domain.workspace import Workspace
 from .checkout import CheckoutLimits, checkout, make_writable
-from .environment import build_environment, declared_dependencies, test_dependencies_status
+from .environment import build_environment, declared_dependencies, environment_status
 from .runs import RepoRunLimits, baseline
 
 
@@ -77,8 +77,9 @@ def prepare_workspace(
         total_bytes=done.total_bytes,
         skipped=done.skipped,
         dependencies=declared_dependencies(project),
-        test_dependencies=(tests := test_dependencies_status(final / "env"))["installed"],
+        test_dependencies=(tests := environment_status(final / "env"))["installed"],
         test_dependencies_error=tests["error"],
         own_removed=tests["own_removed"],
+        generated=tests["generated"],
     )
     return workspace.model_copy(update={"baseline": baseline(workspace, run_limits or RepoRunLimits())})

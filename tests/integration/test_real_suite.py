@@ -5,6 +5,8 @@ pass, and the hidden test names the bug."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from fleet_pipelines.domain.models import Constraints, RepoSpec, Task
@@ -117,3 +119,25 @@ def test_projects_whose_configuration_names_coverage_are_judged_with_their_test_
     failures, _, evidence = gate(workspace, task, broken)
     assert failures and failures[0].startswith("tests = ") and evidence.tests is not None
     assert evidence.tests.failed > 0
+
+
+def test_a_project_that_imports_its_build_generated_version_module_is_judged(tmp_path, traversable_dir):
+    """humanize 4.11.0 imports `humanize._version`, which hatch-vcs writes at build time and its
+    .gitignore keeps out of a checkout: every test module failed to import and nothing could be
+    judged. The module is written from its pyproject.toml, with the sdist's version."""
+    suite = next(s for s in SUITES if s.name == "humanize")
+    repo = unpack_repo(fetch(suite.sdist), tmp_path / "clean")
+    tracked = subprocess.run(["git", "-C", str(repo), "ls-files"], capture_output=True, text=True, check=True)
+    assert "src/humanize/_version.py" not in tracked.stdout.split()  # its .gitignore names it
+    workspace = prepare_workspace(
+        "humanize", RepoSpec(url=str(repo), test_command=suite.test_command), traversable_dir
+    )
+    assert workspace.generated == [
+        "src/humanize/_version.py (version 4.11.0, as tool.hatch.build.hooks.vcs.version-file asks)"
+    ]
+    written = traversable_dir / "humanize" / workspace.commit / "repo" / "src/humanize/_version.py"
+    assert "__version__ = version = '4.11.0'" in written.read_text()
+    baseline = workspace.baseline
+    # 598 of its 621: the i18n tests skip themselves without the compiled translations (`.mo`,
+    # which a build writes and .gitignore keeps out, as the version module)
+    assert baseline is not None and baseline.status == "passed" and baseline.passed >= 590, baseline
