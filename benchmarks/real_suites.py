@@ -32,11 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from fleet_pipelines.domain.models import Constraints, RepoSpec, Task
@@ -56,6 +58,7 @@ from fleet_pipelines.evaluation.real_suites import (
 )
 from fleet_pipelines.evaluation.sdists import fetch, replace_line, unpack_repo
 from fleet_pipelines.sandbox import cgroups
+from fleet_pipelines.sandbox.init import HASH_SEED
 from fleet_pipelines.workspace import runs
 from fleet_pipelines.workspace.checkout import make_writable
 from fleet_pipelines.workspace.prepare import prepare_workspace
@@ -97,6 +100,7 @@ def plain_pytest(
             # as the sandbox's in-process runs: the project and its src/ after the environment
             "PYTHONPATH": f"{scratch}:{env_path}:{scratch / 'repo'}:{scratch / 'repo' / 'src'}",
             "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": HASH_SEED,  # the judge's: ids of parameters from a set (isodate) match
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
             "FLEET_BENCH_IDS": str(scratch / "ids.json"),
         }
@@ -174,6 +178,31 @@ def judge_passes(workspace, evidence_failing: list[str]) -> set[str]:
     return ids - set(evidence_failing)
 
 
+# pytest names a parameter it cannot print by its name and its place in the list (`expected13`):
+# taken from a set, that place is the process's hash order (the judge's is fixed: its seed, no
+# address randomization; the host's reference is not), so those ids compare by their other parts
+_INDEXED = re.compile(r"(?<=[\[-])([A-Za-z_]+)\d+(?=[-\]])")
+
+
+def canonical(test_id: str) -> str:
+    """`test_id` with the places of pytest's name-and-place parameter ids left out."""
+    return _INDEXED.sub(r"\1#", test_id)
+
+
+def plain_judged(plain: set[str], judged: set[str]) -> tuple[int, list[str]]:
+    """How many of plain pytest's ids the judge passed (matched as `canonical` ids, as many of
+    each as both have), and those it did not."""
+    left = Counter(canonical(i) for i in judged)
+    missing = []
+    for test_id in sorted(plain):
+        key = canonical(test_id)
+        if left[key] > 0:
+            left[key] -= 1
+        else:
+            missing.append(test_id)
+    return len(plain) - len(missing), missing
+
+
 def agreement(workspace, task: Task, repo: Path, suite: Suite, count: int) -> dict:
     """Per test x mutant, the judge's verdict against plain pytest's on `count` single-line
     mutants: over the pass-to-pass tests (those both pass on the base), a pair agrees when both
@@ -183,7 +212,8 @@ def agreement(workspace, task: Task, repo: Path, suite: Suite, count: int) -> di
     if plan is None:
         return {"error": "no plan: the base's sessions did not finish"}
     base_plain, base_s = plain_pytest(repo, workspace.env_path, suite.test_command)
-    counted = set(plan.passing) & (base_plain or set())
+    # an id named by a parameter's place may name another case on the host: not compared
+    counted = {i for i in set(plan.passing) & (base_plain or set()) if canonical(i) == i}
     pairs = agree = killed = looped = 0
     disagreements: list[str] = []
     walls: list[float] = []
@@ -278,10 +308,10 @@ def run_suite(suite: Suite, root: Path, mutant_count: int = 0, impossible_count:
     }
     comment, first_s = verdict(workspace, task, comment_patch(repo, target))
     judged = judge_passes(workspace, comment["failing"])
-    missing = sorted(plain - judged)
+    matched, missing = plain_judged(plain, judged)
     result.update(
-        judge_passed=len(judged & plain),
-        judge_share=round(len(judged & plain) / len(plain), 4) if plain else None,
+        judge_passed=matched,
+        judge_share=round(matched / len(plain), 4) if plain else None,
         plain_not_judged=len(missing),
         plain_not_judged_ids=missing[:10],
         first_patch_s=round(first_s, 2),

@@ -100,6 +100,7 @@ def environment(job):
         "TMPDIR": WORK,
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": os.environ["PYTHONHASHSEED"],  # as the job's own (init.run_script): stable ids
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # no plugin of the patch's (dist-info entry points)
         "PYTHONPATH": ":".join(p for p in ("/mnt/env",) if os.path.isdir(p)),
         "GIT_CONFIG_NOSYSTEM": "1",
