@@ -1,22 +1,23 @@
 """The version module a project's build backend generates, written into the checkout.
 
 Projects versioned by their tags (setuptools-scm, hatch-vcs) import a module their build writes
-(`from ._version import __version__`), which neither a checkout nor most sdists hold: without it
-every test module fails to import and nothing can be judged (humanize 4.11.0, isodate 0.7.2). The
+(`from ._version import __version__`), which a checkout lacks (their .gitignore names it): without
+it every test module fails to import and nothing can be judged (humanize 4.11.0, isodate 0.7.2). The
 judge never runs a build backend, so the module is written from the configuration alone:
 - `[tool.setuptools_scm]` `version_file` or `write_to` (template: `version_file_template`,
   `write_to_template`);
-- `[tool.hatch.build.hooks.vcs]` `version-file` (template: `template`).
+- `[tool.hatch.build.hooks.vcs]` `version-file` (template: `template`);
+- setup.py's `setup(use_scm_version={...})`, where it is a literal (read with `ast`, never run).
 
 The version is the sdist's (`PKG-INFO`), else the configured `fallback_version`, else `0.0.0`:
 the checkout has no tags to derive one from. A file the checkout has is left alone; a path outside
 the project, through a symbolic link or into a folder the checkout lacks is not written (said so).
-Versions written by `setup.py` (`use_scm_version=`) or other backends (pdm's `write_to`) are not
-read.
+A computed `use_scm_version` and other backends (pdm's `write_to`) are not read.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import string
@@ -24,6 +25,8 @@ import tomllib
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
+
+from ..domain.python_ast import parse_module
 
 DEFAULT_VERSION = "0.0.0"
 _TEMPLATE_MAX_CHARS = 8_000
@@ -53,7 +56,26 @@ def _table(data: dict, *keys: str) -> dict:
     return data
 
 
-def _configured(pyproject: dict) -> tuple[list[VersionFile], list[str]]:
+def _setup_scm(setup_py: Path) -> dict:
+    """`use_scm_version={...}` of the `setup()` call in setup.py, read as a literal (never run);
+    {} where there is none, it is computed, or the file does not parse."""
+    try:
+        tree = parse_module(setup_py.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "setup":
+            for keyword in node.keywords:
+                if keyword.arg == "use_scm_version" and isinstance(keyword.value, ast.Dict):
+                    try:
+                        found = ast.literal_eval(keyword.value)
+                    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                        return {}
+                    return found if isinstance(found, dict) else {}
+    return {}
+
+
+def _configured(pyproject: dict, setup_scm: dict) -> tuple[list[VersionFile], list[str]]:
     """The version files the configuration asks for, and its fallback versions."""
     scm = _table(pyproject, "tool", "setuptools_scm")
     hook = _table(pyproject, "tool", "hatch", "build", "hooks", "vcs")
@@ -62,13 +84,19 @@ def _configured(pyproject: dict) -> tuple[list[VersionFile], list[str]]:
         (scm.get("version_file"), scm.get("version_file_template"), "tool.setuptools_scm.version_file"),
         (scm.get("write_to"), scm.get("write_to_template"), "tool.setuptools_scm.write_to"),
         (hook.get("version-file"), hook.get("template"), "tool.hatch.build.hooks.vcs.version-file"),
+        (setup_scm.get("version_file"), setup_scm.get("version_file_template"), "setup.py's use_scm_version"),
+        (setup_scm.get("write_to"), setup_scm.get("write_to_template"), "setup.py's use_scm_version"),
     ]
     files = [
         VersionFile(path, template if isinstance(template, str) else "", source)
         for path, template, source in wanted
         if isinstance(path, str) and path
     ]
-    fallbacks = [f for f in (scm.get("fallback_version"), raw.get("fallback_version")) if isinstance(f, str)]
+    fallbacks = [
+        f
+        for f in (scm.get("fallback_version"), raw.get("fallback_version"), setup_scm.get("fallback_version"))
+        if isinstance(f, str)
+    ]
     return files, fallbacks
 
 
@@ -124,8 +152,8 @@ def write_version_files(project: Path) -> list[str]:
     try:
         pyproject = tomllib.loads((project / "pyproject.toml").read_text(errors="replace"))
     except (OSError, tomllib.TOMLDecodeError):
-        return []
-    files, fallbacks = _configured(pyproject)
+        pyproject = {}
+    files, fallbacks = _configured(pyproject, _setup_scm(project / "setup.py"))
     version = _version(project, fallbacks)
     written = []
     for file in files:

@@ -100,5 +100,26 @@ def test_a_template_with_other_fields_or_a_format_spec_is_reported_not_written(t
         assert not (project / "src/pkg/_version.py").exists()
 
 
+def test_setup_pys_literal_use_scm_version_is_read_never_run_and_a_computed_one_is_not(tmp_path):
+    project = tmp_path / "literal"
+    (project / "pkg").mkdir(parents=True)
+    (project / "setup.py").write_text(
+        "import setuptools\nraise SystemExit('never run')\n"
+        "setuptools.setup(name='pkg', use_scm_version={'write_to': 'pkg/_version.py', "
+        "'fallback_version': '2.0'})\n"
+    )
+    assert write_version_files(project) == [
+        "pkg/_version.py (version 2.0, as setup.py's use_scm_version asks)"
+    ]
+    assert _module(project / "pkg/_version.py")["__version__"] == "2.0"
+    computed = tmp_path / "computed"
+    (computed / "pkg").mkdir(parents=True)
+    (computed / "setup.py").write_text(
+        "from setuptools import setup\nOPTIONS = {'write_to': 'pkg/_version.py'}\n"
+        "setup(use_scm_version=OPTIONS)\nsetup(use_scm_version={'write_to': WHERE})\n"
+    )
+    assert write_version_files(computed) == [] and not (computed / "pkg/_version.py").exists()
+
+
 def test_version_tuple_is_setuptools_scms():
     assert version_tuple("1.2.3.dev4+gabc.d20240101") == (1, 2, 3, "dev4", "gabc", "d20240101")
