@@ -38,13 +38,14 @@ PIP_TIMEOUT_S = 600
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 TEST_GROUPS = ("test", "tests", "testing")  # the names projects give their tests' dependencies
 STATUS_FILE = ".fleet-environment.json"  # environment_status()
+_NO_STATUS = {"installed": [], "error": "", "own_removed": [], "generated": []}
 
 
 class DependencyError(RuntimeError):
     """The dependencies could not be installed."""
 
 
-def _pyproject(project: Path) -> dict:
+def read_pyproject(project: Path) -> dict:
     """The project's pyproject.toml as data ({} when it has none or it does not parse)."""
     pyproject = project / "pyproject.toml"
     try:
@@ -67,7 +68,9 @@ def _requirement_lines(text: str) -> list[str]:
 def declared_dependencies(project: Path) -> list[str]:
     """The requirement specifiers the project declares (pyproject's [project].dependencies, then
     requirements.txt's lines), without options, URLs or editable installs."""
-    found = [d for d in _pyproject(project).get("project", {}).get("dependencies", []) if isinstance(d, str)]
+    found = [
+        d for d in read_pyproject(project).get("project", {}).get("dependencies", []) if isinstance(d, str)
+    ]
     requirements = project / "requirements.txt"
     if requirements.is_file():
         found += _requirement_lines(requirements.read_text(errors="replace"))
@@ -96,7 +99,7 @@ def declared_test_dependencies(project: Path) -> list[str]:
     `[testenv]` deps (a `-r FILE` there read when FILE is in the project); pytest and what it
     requires never (the test runner is ours)."""
     found: list[str] = []
-    data = _pyproject(project)
+    data = read_pyproject(project)
     groups = data.get("dependency-groups", {})
     groups = groups if isinstance(groups, dict) else {}
     extras = data.get("project", {}).get("optional-dependencies", {})
@@ -179,12 +182,11 @@ def environment_status(env: Path) -> dict:
     [specifiers], "error": pip's reason they were left out, or "", "own_removed": [the project's
     own modules a dependency brought, removed], "generated": [version modules written into the
     checkout (`write_version_files`)]}."""
-    empty = {"installed": [], "error": "", "own_removed": [], "generated": []}
     try:
         found = json.loads((env / STATUS_FILE).read_text())
     except (OSError, ValueError):
-        return empty
-    return {**empty, **found} if isinstance(found, dict) else empty
+        return dict(_NO_STATUS)
+    return {**_NO_STATUS, **found} if isinstance(found, dict) else dict(_NO_STATUS)
 
 
 def own_names(project: Path) -> set[str]:
@@ -226,12 +228,7 @@ def build_environment(project: Path, target: Path, extra: str = "") -> list[str]
     constraints.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in runner))
     wanted = [*declared_dependencies(project), *shlex.split(extra)]
     tests = [d for d in declared_test_dependencies(project) if d not in wanted]
-    status: dict = {
-        "installed": [],
-        "error": "",
-        "own_removed": [],
-        "generated": write_version_files(project),
-    }
+    status: dict = {**_NO_STATUS, "generated": write_version_files(project, read_pyproject(project))}
     try:
         if tests:
             try:

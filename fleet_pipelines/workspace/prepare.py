@@ -77,9 +77,9 @@ def prepare_workspace(
         total_bytes=done.total_bytes,
         skipped=done.skipped,
         dependencies=declared_dependencies(project),
-        test_dependencies=(tests := environment_status(final / "env"))["installed"],
-        test_dependencies_error=tests["error"],
-        own_removed=tests["own_removed"],
-        generated=tests["generated"],
+        test_dependencies=(status := environment_status(final / "env"))["installed"],
+        test_dependencies_error=status["error"],
+        own_removed=status["own_removed"],
+        generated=status["generated"],
     )
     return workspace.model_copy(update={"baseline": baseline(workspace, run_limits or RepoRunLimits())})

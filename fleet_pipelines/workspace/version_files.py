@@ -21,7 +21,6 @@ import ast
 import os
 import re
 import string
-import tomllib
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
@@ -145,14 +144,10 @@ def _refused(template: str) -> str:
     return ""
 
 
-def write_version_files(project: Path) -> list[str]:
-    """Writes the version modules the project's build would generate and the checkout lacks; one
-    line for each (its path relative to `project`, the version, the setting that asks for it), or
-    why it was not written."""
-    try:
-        pyproject = tomllib.loads((project / "pyproject.toml").read_text(errors="replace"))
-    except (OSError, tomllib.TOMLDecodeError):
-        pyproject = {}
+def write_version_files(project: Path, pyproject: dict) -> list[str]:
+    """Writes the version modules the project's build would generate and the checkout lacks
+    (`pyproject`: its pyproject.toml as data); one line for each (its path relative to `project`,
+    the version, the setting that asks for it), or why it was not written."""
     files, fallbacks = _configured(pyproject, _setup_scm(project / "setup.py"))
     version = _version(project, fallbacks)
     written = []

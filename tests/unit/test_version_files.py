@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fleet_pipelines.workspace.environment import read_pyproject
 from fleet_pipelines.workspace.version_files import version_tuple, write_version_files
 
 HATCH = '[tool.hatch.build.hooks.vcs]\nversion-file = "src/pkg/_version.py"\n'
@@ -20,6 +21,10 @@ def _project(tmp_path: Path, pyproject: str, pkg_info: str = "") -> Path:
     return tmp_path
 
 
+def _written(project: Path) -> list[str]:
+    return write_version_files(project, read_pyproject(project))
+
+
 def _module(path: Path) -> dict:
     namespace: dict = {}
     exec(path.read_text(), namespace)
@@ -28,7 +33,7 @@ def _module(path: Path) -> dict:
 
 def test_hatch_vcs_version_file_holds_the_sdists_version(tmp_path):
     project = _project(tmp_path, HATCH, pkg_info="4.11.0")
-    assert write_version_files(project) == [
+    assert _written(project) == [
         "src/pkg/_version.py (version 4.11.0, as tool.hatch.build.hooks.vcs.version-file asks)"
     ]
     module = _module(project / "src/pkg/_version.py")
@@ -38,7 +43,7 @@ def test_hatch_vcs_version_file_holds_the_sdists_version(tmp_path):
 
 def test_setuptools_scm_without_an_sdist_takes_the_fallback_version(tmp_path):
     project = _project(tmp_path, SCM)
-    assert write_version_files(project) == [
+    assert _written(project) == [
         "src/pkg/version.py (version 0.0.0.dev0, as tool.setuptools_scm.write_to asks)"
     ]
     assert _module(project / "src/pkg/version.py")["version_tuple"] == (0, 0, 0, "dev0")
@@ -50,20 +55,20 @@ def test_no_configured_fallback_is_0_0_0_and_a_template_is_followed(tmp_path):
         '[tool.setuptools_scm]\nversion_file = "src/pkg/VERSION.txt"\n'
         'version_file_template = "v{version} {version_tuple}"\n',
     )
-    write_version_files(project)
+    _written(project)
     assert (project / "src/pkg/VERSION.txt").read_text() == "v0.0.0 (0, 0, 0)"
 
 
 def test_a_file_the_checkout_has_is_left_alone_and_nothing_is_written_without_configuration(tmp_path):
     project = _project(tmp_path, SCM)
     (project / "src/pkg/version.py").write_text("version = 'committed'\n")
-    assert write_version_files(project) == []
+    assert _written(project) == []
     assert (project / "src/pkg/version.py").read_text() == "version = 'committed'\n"
     other = tmp_path / "other"
     other.mkdir()
     (other / "pyproject.toml").write_text('[project]\nname = "x"\n[tool.hatch]\nbuild = "not a table"\n')
-    assert write_version_files(other) == [] and sorted(os.listdir(other)) == ["pyproject.toml"]
-    assert write_version_files(tmp_path / "missing") == []
+    assert _written(other) == [] and sorted(os.listdir(other)) == ["pyproject.toml"]
+    assert _written(tmp_path / "missing") == []
 
 
 def test_paths_outside_the_project_through_links_or_into_missing_folders_are_refused(tmp_path):
@@ -79,9 +84,7 @@ def test_paths_outside_the_project_through_links_or_into_missing_folders_are_ref
         ("absent/version.py", "absent is a link or not a folder of the checkout"),
     ]:
         (project / "pyproject.toml").write_text(f'[tool.setuptools_scm]\nwrite_to = "{path}"\n')
-        assert write_version_files(project) == [
-            f"{path}: not written (tool.setuptools_scm.write_to): {reason}"
-        ]
+        assert _written(project) == [f"{path}: not written (tool.setuptools_scm.write_to): {reason}"]
     assert os.listdir(outside) == [] and not (tmp_path / "escape.py").exists()
 
 
@@ -93,7 +96,7 @@ def test_a_template_with_other_fields_or_a_format_spec_is_reported_not_written(t
         ("{version", "does not parse: "),
     ]:
         (project / "pyproject.toml").write_text(HATCH + f"template = {template!r}\n")
-        [reason] = write_version_files(project)
+        [reason] = _written(project)
         assert reason.startswith(
             "src/pkg/_version.py: not written, its template (tool.hatch.build.hooks.vcs.version-file) " + said
         ), reason
@@ -108,9 +111,7 @@ def test_setup_pys_literal_use_scm_version_is_read_never_run_and_a_computed_one_
         "setuptools.setup(name='pkg', use_scm_version={'write_to': 'pkg/_version.py', "
         "'fallback_version': '2.0'})\n"
     )
-    assert write_version_files(project) == [
-        "pkg/_version.py (version 2.0, as setup.py's use_scm_version asks)"
-    ]
+    assert _written(project) == ["pkg/_version.py (version 2.0, as setup.py's use_scm_version asks)"]
     assert _module(project / "pkg/_version.py")["__version__"] == "2.0"
     computed = tmp_path / "computed"
     (computed / "pkg").mkdir(parents=True)
@@ -118,7 +119,7 @@ def test_setup_pys_literal_use_scm_version_is_read_never_run_and_a_computed_one_
         "from setuptools import setup\nOPTIONS = {'write_to': 'pkg/_version.py'}\n"
         "setup(use_scm_version=OPTIONS)\nsetup(use_scm_version={'write_to': WHERE})\n"
     )
-    assert write_version_files(computed) == [] and not (computed / "pkg/_version.py").exists()
+    assert _written(computed) == [] and not (computed / "pkg/_version.py").exists()
 
 
 def test_version_tuple_is_setuptools_scms():
