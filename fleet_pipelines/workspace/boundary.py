@@ -21,6 +21,7 @@ cross", which the plan on the base commit records (`sandbox_job.py`).
 import ast
 import builtins
 import contextlib
+import copy
 import dis
 import importlib
 import importlib.machinery
@@ -210,7 +211,9 @@ class CodeSide:
                 return ["ok", self.share(next(value))]
             except StopIteration:  # the iteration's end, said as such: never an exception that crosses
                 return ITERATION_END
-        elif kind in ("len", "bool", "str", "repr", "format", "isinstance", "copy"):
+        elif kind == "copy":  # made by the code's own copy protocol, in this process
+            return ["ok", self.share(copy.deepcopy(value) if rest[0] else copy.copy(value))]
+        elif kind in ("len", "bool", "str", "repr", "format", "isinstance"):
             return ["ok", wire.encode(self.ask(kind, value, rest))]
         elif kind == "enter":
             return ["ok", self.share(type(value).__enter__(value))]
@@ -225,10 +228,6 @@ class CodeSide:
 
     def ask(self, kind, value, rest):
         """What a builtin function makes of an object of the code, as an exact builtin value."""
-        import copy
-
-        if kind == "copy":
-            return self.handle(copy.deepcopy(value) if rest[0] else copy.copy(value))
         answer = {
             "len": len,
             "bool": bool,

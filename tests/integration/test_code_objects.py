@@ -5,11 +5,19 @@ against. Real git, real sandbox."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from fleet_pipelines.domain.models import RepoSpec
+from fleet_pipelines.workspace.checkout import make_writable
 from fleet_pipelines.workspace.prepare import prepare_workspace
 from fleet_pipelines.workspace.runs import score_patch
 from tests.integration.test_repo_hostile import diff, make_repo, needs_sandbox
@@ -114,7 +122,9 @@ HIDDEN = textwrap.dedent(
         assert Version(2) == Version.parse("2.0")
     """
 )
-FIX = diff("shapes.py", SHAPES, SHAPES.replace("Version(self.major + 1, self.minor)", "Version(self.major + 1, 0)"))
+FIX = diff(
+    "shapes.py", SHAPES, SHAPES.replace("Version(self.major + 1, self.minor)", "Version(self.major + 1, 0)")
+)
 HIDDEN_IDS = ("test_bump", "test_generator_callback_namedtuple_and_context")
 
 
@@ -137,5 +147,153 @@ def test_hidden_tests_that_use_objects_of_the_code_are_judged(workspace):
     assert fixed.tests is not None and fixed.tests.status == "passed", fixed.tests
     comment = diff("shapes.py", SHAPES, SHAPES.replace("import collections", "import collections  # x"))
     unfixed = score_patch(workspace, comment, HIDDEN)
-    assert unfixed.hidden is not None and (unfixed.hidden.passed, unfixed.hidden.failed) == (1, 1), unfixed.hidden
+    assert unfixed.hidden is not None and (unfixed.hidden.passed, unfixed.hidden.failed) == (1, 1), (
+        unfixed.hidden
+    )
     assert unfixed.hidden.failing == ["test_fleet_hidden.py::test_bump"]
+
+
+# The task: bump() must reset the minor version. Each hidden test compares the same value of the
+# code against one of the tests' in another way the code could try to answer for.
+FORGERY_HIDDEN = textwrap.dedent(
+    """
+    import copy
+
+    from shapes import Version, apply, opened
+
+
+    def bumped():
+        return Version.parse("1.2").bump()
+
+
+    def test_in_a_context():
+        with opened([]):
+            assert bumped().minor == 0
+
+
+    def test_as_a_tuple():
+        v = bumped()
+        assert (v.major, v.minor) == (2, 0)
+
+
+    def test_in_a_list():
+        assert [bumped().minor] == [0]
+
+
+    def test_by_arithmetic():
+        assert bumped().minor + 1 == 1
+
+
+    def test_by_membership():
+        assert bumped().minor in (0,)
+
+
+    def test_through_a_callback():
+        assert apply(lambda x: x + 1, [bumped().minor]) == [1]
+
+
+    def test_a_copy():
+        assert copy.deepcopy(bumped()).minor == 0
+    """
+)
+FORGERY_TESTS = 7
+
+
+def _bump(body: str, prelude: str) -> str:
+    patched = SHAPES.replace("Version(self.major + 1, self.minor)", body)
+    return patched.replace("import collections\n", f"import collections\n{prelude}")
+
+
+_LIAR = """
+class _Any(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+    __ne__ = lambda self, other: False
+    __add__ = __radd__ = lambda self, other: _Any(1)
+"""
+_TAKER = """
+class _Taker:
+    def __eq__(self, other):
+        return True
+
+    def __add__(self, other):
+        return other - 1 if isinstance(other, int) else self
+
+    __radd__ = __add__
+
+    def __contains__(self, item):
+        return True
+
+    def __hash__(self):
+        return 0
+"""
+# The forged shapes.py: each keeps the honest wrong value (minor 2) and makes it answer for itself.
+CODE_FORGERIES = {
+    "attributes that equal anything (an int subclass)": _bump(
+        "Version(_Any(self.major + 1), _Any(self.minor))", _LIAR
+    ),
+    "an object whose operators take the expected value": _bump("Version(self.major + 1, _Taker())", _TAKER),
+    "a context manager that suppresses the failed assertion": SHAPES.replace(
+        "@contextlib.contextmanager\ndef opened(log):", "@contextlib.contextmanager\ndef _opened(log):"
+    )
+    + "\n\nclass opened:\n    def __init__(self, log):\n        pass\n\n"
+    "    def __enter__(self):\n        return self\n\n"
+    "    def __exit__(self, *exc):\n        return True\n",
+    "reads the callback's code for the test's constants": SHAPES.replace(
+        "return [function(x) for x in items]", "return [function.__code__.co_consts[-1] for x in items]"
+    ),
+}
+
+
+def plain_pytest_passes(shapes: str, tmp: Path) -> int:
+    """How many hidden tests plain pytest passes with `shapes` in process (on the host: the
+    forgeries are this module's own code)."""
+    (tmp / "shapes.py").write_text(shapes)
+    (tmp / "test_hidden.py").write_text(FORGERY_HIDDEN)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "test_hidden.py"],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return run.stdout.count("PASSED ")
+
+
+@pytest.fixture(scope="module")
+def forgery_workspace() -> Iterator[object]:
+    made = Path(tempfile.mkdtemp(prefix="fleet-test-"))
+    os.chmod(made, 0o755)
+    source = make_repo(made / "src", {"shapes.py": SHAPES, "tests/test_shapes.py": VISIBLE})
+    yield prepare_workspace("forged-objects", RepoSpec(url=str(source)), made / "ws")
+    make_writable(made)
+    shutil.rmtree(made, ignore_errors=True)
+
+
+@needs_sandbox
+def test_the_fix_passes_and_the_honest_wrong_patch_fails_the_forgery_task(forgery_workspace, tmp_path):
+    assert plain_pytest_passes(SHAPES, tmp_path) == 0
+    fixed = score_patch(forgery_workspace, FIX, FORGERY_HIDDEN)
+    assert fixed.hidden is not None and (fixed.hidden.passed, fixed.hidden.failed) == (FORGERY_TESTS, 0), (
+        fixed.hidden
+    )
+    comment = diff("shapes.py", SHAPES, SHAPES.replace("import collections", "import collections  # x"))
+    wrong = score_patch(forgery_workspace, comment, FORGERY_HIDDEN)
+    assert wrong.hidden is not None and (wrong.hidden.passed, wrong.hidden.failed) == (0, FORGERY_TESTS), (
+        wrong.hidden
+    )
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", list(CODE_FORGERIES))
+def test_an_object_of_the_code_cannot_answer_for_the_test(forgery_workspace, name, tmp_path):
+    """The same wrong value as the honest wrong patch, dressed to answer the test's comparison
+    itself (in plain pytest, in process, each of these passes at least one hidden test): every
+    hidden test still fails, as the honest wrong patch's do."""
+    assert plain_pytest_passes(CODE_FORGERIES[name], tmp_path) > 0
+    forged = score_patch(forgery_workspace, diff("shapes.py", SHAPES, CODE_FORGERIES[name]), FORGERY_HIDDEN)
+    assert forged.applies, forged
+    assert forged.hidden is not None, forged
+    assert (forged.hidden.passed, forged.hidden.failed) == (0, FORGERY_TESTS), forged.hidden
