@@ -307,6 +307,9 @@ def run_suite(suite: Suite, root: Path, mutant_count: int = 0, impossible_count:
         "plain_s": round(plain_s, 2),
     }
     comment, first_s = verdict(workspace, task, comment_patch(repo, target))
+    plan = runs._PLANS.get(runs._plan_key(workspace, ""))
+    if plan is not None:  # the base's pass-to-pass tests that crossed the boundary in its sample
+        result["sample_crossed"] = len(plan.crossable)
     judged = judge_passes(workspace, comment["failing"])
     matched, missing = plain_judged(plain, judged)
     result.update(

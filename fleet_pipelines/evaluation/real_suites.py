@@ -32,8 +32,8 @@ from .sdists import PinnedSdist
 @dataclass(frozen=True)
 class Suite:
     """One sdist: where its tests are, and the one-line change that breaks it (`mutant`: path,
-    the line's text, its replacement); `hidden`: a test of that line through plain values (the
-    bug-fix case's hidden test), "" when the project has no entry point that takes and gives them."""
+    the line's text, its replacement); `hidden`: tests of that line (the bug-fix case's hidden
+    tests), "" where none is written."""
 
     name: str
     version: str
@@ -108,6 +108,13 @@ SUITES = [
             "        return _HashedTuple(args)",
             "        return _HashedTuple(args[1:])",
         ),
+        # objects of the code: hashkey's tuple subclass compares as the tuple it holds; the cache
+        # is used through its handle (the second test passes on the bug too)
+        "from cachetools import LRUCache\nfrom cachetools.keys import hashkey\n\n"
+        "def test_hashkey():\n    assert hashkey(1, 2) == (1, 2) and hash(hashkey(1, 2)) == hash((1, 2))\n\n"
+        "def test_lru_evicts_the_oldest():\n    cache = LRUCache(maxsize=2)\n"
+        "    for key in 'abc':\n        cache[key] = key.upper()\n"
+        "    assert sorted(cache) == ['b', 'c'] and cache['c'] == 'C' and len(cache) == 2\n",
     ),
     Suite(
         "boltons",
@@ -144,8 +151,10 @@ SUITES = [
             "        return cls(self._major, self._minor + 1)",
             "        return cls(self._major, self._minor + 2)",
         ),
-        "from semver import bump_minor\n\n"
-        "def test_bump_minor():\n    assert bump_minor('3.4.5') == '3.5.0'\n",
+        "from semver import Version, bump_minor\n\n"
+        "def test_bump_minor():\n    assert bump_minor('3.4.5') == '3.5.0'\n\n"
+        "def test_version_bump_minor():\n    v = Version.parse('3.4.5').bump_minor()\n"
+        "    assert (v.major, v.minor, v.patch) == (3, 5, 0) and str(v) == '3.5.0'\n",
     ),
     # both import the version module their build generates (hatch-vcs, setuptools-scm), which
     # their .gitignore keeps out of a checkout: it is written from their pyproject.toml

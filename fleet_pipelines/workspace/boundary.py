@@ -10,12 +10,17 @@ A counted test session has two processes, as function tests have (`fleet_pipelin
 - the **code process** (`python -I -S -B -c <this file> serve ...`, started on the first such
   import, so it never holds the tests in its memory) imports the patched repository, with the
   standard library and the environment ahead of it on `sys.path`, and answers requests for its
-  names: a function becomes a stub whose calls are requests, a value comes back as a copy.
+  names: a function becomes a stub whose calls are requests.
 
-Only plain data crosses, on the wire of `init.py` (exact builtin types, rebuilt on arrival), and
-the outcomes go, one JSON line each, to a pipe only the test process holds. A test that needs an
-object of the code under test (an instance, a generator) fails with `NotPlainData`: it "cannot
-cross", which the plan on the base commit records (`sandbox_job.py`).
+On the wire of `init.py` plain data crosses by value (exact builtin types, rebuilt on arrival).
+Any other object of the code stays in the code process and crosses as a **handle** (`Handle`):
+its attributes, calls, iteration, len, str and context manager are requests, while every
+operator with an operand of the tests compares, in the test process, the exact builtin value the
+object holds (a namedtuple's tuple); an object that holds none fails the test as one that
+"cannot cross" (`NotPlainData`), which the plan on the base commit records (`sandbox_job.py`).
+The tests' own callables cross the other way as **callbacks**: the code calls them, and they run
+in the test process with what the code passed. The outcomes go, one JSON line each, to a pipe
+only the test process holds.
 """
 
 import ast
@@ -472,7 +477,24 @@ def _unary(function, symbol):
     return lambda self, *args: function(self._fleet_plain(symbol), *args)
 
 
-for _name, _symbol in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">=")):
+def _equality(same):
+    """== (same: True) or != on the test side: one object of the code is equal to itself (as a
+    container's comparison holds it; an enum member's equality), any other pair is compared by
+    the plain values they hold."""
+    compare = operator.eq if same else operator.ne
+
+    def method(self, other):
+        if isinstance(other, Handle) and self._fleet_boundary.number_of(
+            other
+        ) == self._fleet_boundary.number_of(self):
+            return same
+        return compare(self._fleet_plain("==" if same else "!="), _operand(other, "==" if same else "!="))
+
+    return method
+
+
+Handle.__eq__, Handle.__ne__ = _equality(True), _equality(False)
+for _name, _symbol in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">=")):
     setattr(Handle, f"__{_name}__", _binary(getattr(operator, _name), _symbol))
 for _name, _symbol in (
     *(("add", "+"), ("sub", "-"), ("mul", "*"), ("truediv", "/"), ("floordiv", "//"), ("mod", "%")),

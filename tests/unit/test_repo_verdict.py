@@ -423,6 +423,7 @@ def test_plain_data_crosses_by_value_and_objects_of_the_code_as_handles(code):
 OBJECTS = """
 import collections
 import contextlib
+import enum
 
 SEEN = []
 Pair = collections.namedtuple("Pair", "a b")
@@ -472,6 +473,15 @@ def seen():
     return list(SEEN)
 
 
+class Color(enum.Enum):
+    RED = 1
+    BLUE = 2
+
+
+def favourite():
+    return Color.RED
+
+
 def count(n):
     yield from range(n)
 
@@ -515,6 +525,10 @@ def test_objects_of_the_code_are_used_in_their_process_and_compared_in_the_tests
         with pytest.raises(wire.NotPlainData, match="holds no plain value"):
             compare()
     assert seen() == []  # not one of the tests' operands reached the code
+    color = side.request(["get", "objects:Color"])
+    assert side.request(["get", "objects:favourite"])() == color.RED  # one object: equal to itself
+    with pytest.raises(wire.NotPlainData, match="holds no plain value"):
+        _ = color.RED == color.BLUE  # two objects of the code: their own __eq__ would decide
     assert copy.deepcopy(m).value == 105  # the code's own copy, made in its process
     with pytest.raises(wire.NotPlainData, match="cannot be pickled by the tests"):
         pickle.dumps(m)
