@@ -31,6 +31,7 @@ import dis
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import json
 import linecache
 import math
@@ -63,12 +64,15 @@ def load_wire(path):
 def builtin_base(cls):
     """The nearest builtin class of an exception class (its name crosses; the test process raises
     its own)."""
-    import builtins
+    return next((base.__name__ for base in cls.__mro__ if builtin_class(base)), cls.__name__)
 
-    for base in cls.__mro__:
-        if getattr(builtins, base.__name__, None) is base:
-            return base.__name__
-    return cls.__name__
+
+def builtin_class(value):
+    """`value` where it is a builtin class (`int`, `IndexError`): it crosses by name, as the
+    receiving process's own; else None."""
+    if isinstance(value, type) and getattr(builtins, value.__name__, None) is value:
+        return value
+    return None
 
 
 def qualified(cls):
@@ -96,9 +100,12 @@ class CodeSide:
     """The code process's half of the wire: the objects the test process holds handles to (by
     number, kept alive for the process's life), and what it sends the test process's way.
 
-    Values cross as init.py's plain data, with two more tags: `["h", number, label, kind]` for
-    an object of the code (kind "t" a class, "c" another callable, "" the rest) and, from the
-    test process, `["cb", number]` for a callable of the tests (`Callback`)."""
+    Values cross as init.py's plain data, with more tags: `["h", number, label, kind]` for an
+    object of the code (kind: the builtin type it derives from, else "t" a class, "c" another
+    callable, "" the rest) and, from the test process, `["cb", number]` for a callable of the
+    tests (`Callback`), `["it", number]` for an iterator of the tests (`TestIterator`),
+    `["n", "module:name"]` for a function of the code the tests hold by name, and `["bi", name]`
+    for a builtin class both ways."""
 
     def __init__(self, wire, sock):
         self.wire = wire
@@ -111,8 +118,10 @@ class CodeSide:
         if number is None:
             number = len(self.objects) + 1
             self.objects[number], self.numbers[id(value)] = value, number
-        kind = "t" if isinstance(value, type) else "c" if callable(value) else ""
-        return ["h", number, qualified(type(value))[:200], kind]
+        if isinstance(value, type):
+            return ["h", number, f"class {qualified(value)}"[:200], "t"]
+        base = next((b.__name__ for b, _ in PLAIN_OF if issubclass(type(value), b)), "")
+        return ["h", number, qualified(type(value))[:200], base or ("c" if callable(value) else "")]
 
     def share(self, value, depth=0):
         """`value` as plain data where it is; containers of the builtin types with the code's
@@ -123,6 +132,8 @@ class CodeSide:
         except wire.NotPlainData:
             pass
         kind, d = type(value), depth + 1
+        if builtin_class(value):
+            return ["bi", value.__name__]
         if depth < wire.MAX_DEPTH and (kind is list or kind is tuple):
             return ["t" if kind is tuple else "l", [self.share(v, d) for v in value]]
         if depth < wire.MAX_DEPTH and kind is dict:
@@ -136,12 +147,16 @@ class CodeSide:
         """A value the test process sent: plain data, handles back to their objects, callables
         of the tests as `Callback`s."""
         wire = self.wire
+        if type(data) is list and len(data) == 2 and data[0] == "bi" and type(data[1]) is str:
+            return builtin_class(getattr(builtins, data[1], None)) or wire.decode(data)
         if type(data) is list and len(data) == 2 and data[0] == "n" and type(data[1]) is str:
             module_name, _, attr = data[1].partition(":")  # a function the tests hold by name
             return getattr(importlib.import_module(module_name), attr)
-        if type(data) is list and len(data) == 2 and data[0] in ("h", "cb") and type(data[1]) is int:
-            if data[0] == "cb":
-                return Callback(self, data[1])
+        if type(data) is list and len(data) == 4 and data[0] == "cb" and type(data[1]) is int:
+            return Callback(self, data[1], data[2], data[3])
+        if type(data) is list and len(data) == 2 and data[0] in ("h", "it") and type(data[1]) is int:
+            if data[0] == "it":
+                return TestIterator(self, data[1])
             if data[1] not in self.objects:
                 raise wire.NotPlainData("a handle of no object of the code under test")
             return self.objects[data[1]]
@@ -288,10 +303,22 @@ class CodeSide:
 
 class Callback:
     """A callable of the tests, as the code under test holds it: calling it calls it in the test
-    process, with what the code passes (plain data and handles) and nothing else."""
+    process, with what the code passes (plain data and handles) and nothing else. Its name and
+    its parameters' names and kinds are known here (`inspect.signature` works); defaults read as
+    a placeholder."""
 
-    def __init__(self, side, number):
+    def __init__(self, side, number, name="", shape=None):
         self._side, self._number = side, number
+        if type(name) is str and name.isidentifier():
+            self.__name__ = self.__qualname__ = name
+        with contextlib.suppress(TypeError, ValueError):
+            placeholder = inspect.Parameter.empty
+            self.__signature__ = inspect.Signature(
+                [
+                    inspect.Parameter(n, inspect._ParameterKind(k), default=PLACEHOLDER if d else placeholder)
+                    for n, k, d in shape
+                ]
+            )
 
     def __call__(self, *args, **kwargs):
         return self._side.call_back(self._number, args, kwargs)
@@ -300,10 +327,27 @@ class Callback:
         return "<a callable of the tests>"
 
 
+PLACEHOLDER = object()  # a default of a callable of the tests, as the code sees it
+
+
+class TestIterator(Callback):
+    """An iterator of the tests (a generator a test passes to the code): each `next` is a call
+    back; the tests' iterator ending ends this one."""
+
+    __test__ = False  # not a pytest class
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self()
+
+    def __repr__(self):
+        return "<an iterator of the tests>"
+
+
 def serve(wire_path, fd, paths, cwd):
     """The code process: the repository after the standard library and the environment."""
-    import builtins
-
     wire = load_wire(wire_path)
     sys.path.extend(paths)
     os.chdir(cwd)
@@ -330,6 +374,19 @@ REFUSED_MODULES = frozenset(
     | {"ctypes", "_ctypes", "pickle", "_pickle", "marshal", "runpy", "socket", "_socket", "signal"}
     | {"_signal", "pty", "fcntl", "mmap", "resource", "pathlib", "tempfile", "code", "codeop"}
 )
+
+
+def callable_shape(value):
+    """A callable's name and its parameters' names and kinds (whether each has a default, never
+    the default: it may be a value the test compares against), for the code's introspection
+    (`inspect.signature`: toolz's curry counts the arguments)."""
+    name = getattr(value, "__name__", None)
+    try:
+        parameters = inspect.signature(value).parameters.values()
+    except (TypeError, ValueError):
+        return [name if type(name) is str else "", None]
+    shape = [[p.name, int(p.kind), p.default is not p.empty] for p in parameters]
+    return [name if type(name) is str else "", shape]
 
 
 def refused_callable(value):
@@ -376,6 +433,11 @@ class Handle:
                 "(the tests can compare its attributes, its str() or what its methods return)"
             )
         return value
+
+    def __getattribute__(self, attr):
+        if attr in ("__doc__", "__module__"):  # the code object's, not this class's
+            return object.__getattribute__(self, "_fleet_ask")("attr", attr)
+        return object.__getattribute__(self, attr)
 
     def __getattr__(self, attr):
         if attr.startswith("__") and attr.endswith("__") and attr not in HANDLE_DUNDERS:
@@ -448,29 +510,57 @@ class Handle:
     def __deepcopy__(self, memo):
         return self._fleet_ask("copy", True)
 
+    @property
+    def __class__(self):  # isinstance(x, tuple) holds for a namedtuple of the code; type(x) is Handle
+        return PLAIN_CLASSES.get(self._fleet_kind, Handle)
+
+    def __mro_entries__(self, bases):
+        raise self._fleet_boundary.wire.NotPlainData(
+            f"a class of the tests cannot derive from a {self._fleet_label} of the code under test"
+        )
+
     def __reduce_ex__(self, protocol):
         raise self._fleet_boundary.wire.NotPlainData(
             f"a {self._fleet_label} of the code under test cannot be pickled by the tests"
         )
 
     def __contains__(self, item):
-        return _operand(item, "in") in self._fleet_plain("in")
+        return (item._fleet_plain("in") if isinstance(item, Handle) else item) in self._fleet_plain("in")
 
-    def __hash__(self):
-        return hash(self._fleet_plain("hash()"))
+    def __hash__(self):  # the plain value's, else the object's identity (a class as a typing key)
+        value = self._fleet_ask("plain")
+        return hash(value) if value is not NO_VALUE else object.__hash__(self)
 
 
+PLAIN_CLASSES = {c.__name__: c for c in (int, float, str, bytes, tuple, list, dict, frozenset, set)}
 HANDLE_DUNDERS = frozenset({"__name__", "__qualname__", "__module__", "__doc__", "__dict__", *PLAIN_DUNDERS})
 
 
-def _operand(value, what):
-    return value._fleet_plain(what) if isinstance(value, Handle) else value
+def _operands(handle, other, symbol):
+    """The plain values `handle` and `other` hold, to be compared in the tests; None where
+    `handle` holds none and `other` is an object of the tests that is no plain data (an object
+    of the code is no such object: `other` decides, as Python lets the other operand)."""
+    mine = handle._fleet_ask("plain")
+    if isinstance(other, Handle):
+        return (handle._fleet_plain(symbol) if mine is NO_VALUE else mine), other._fleet_plain(symbol)
+    if mine is NO_VALUE:
+        wire = handle._fleet_boundary.wire
+        try:
+            wire.encode(other)
+        except wire.NotPlainData:
+            return None
+        handle._fleet_plain(symbol)  # raises: it holds no plain value to compare with the tests'
+    return mine, other
 
 
 def _binary(function, symbol, reflected=False):
-    if reflected:
-        return lambda self, other: function(_operand(other, symbol), self._fleet_plain(symbol))
-    return lambda self, other: function(self._fleet_plain(symbol), _operand(other, symbol))
+    def method(self, other):
+        values = _operands(self, other, symbol)
+        if values is None:
+            return NotImplemented
+        return function(values[1], values[0]) if reflected else function(*values)
+
+    return method
 
 
 def _unary(function, symbol):
@@ -481,14 +571,13 @@ def _equality(same):
     """== (same: True) or != on the test side: one object of the code is equal to itself (as a
     container's comparison holds it; an enum member's equality), any other pair is compared by
     the plain values they hold."""
-    compare = operator.eq if same else operator.ne
+    compare = _binary(operator.eq if same else operator.ne, "==" if same else "!=")
 
     def method(self, other):
-        if isinstance(other, Handle) and self._fleet_boundary.number_of(
-            other
-        ) == self._fleet_boundary.number_of(self):
+        boundary = self._fleet_boundary
+        if isinstance(other, Handle) and boundary.number_of(other) == boundary.number_of(self):
             return same
-        return compare(self._fleet_plain("==" if same else "!="), _operand(other, "==" if same else "!="))
+        return compare(self, other)
 
     return method
 
@@ -525,7 +614,7 @@ class Boundary:
         self.cwd = cwd
         self.env = env
         self.sock = None
-        self.pid = None
+        self.pid = self.process = None
         self.dead = ""
         self.exceptions = {}
         self.names = frozenset()  # the repository's top-level module names (RepositoryFinder's)
@@ -540,8 +629,6 @@ class Boundary:
         name), derived from its nearest builtin exception class (RuntimeError for StopIteration
         and the other control-flow classes, `init.CONTROL_FLOW`). The code's names are only
         labels: nothing but a builtin exception class is ever looked up by them."""
-        import builtins
-
         known = self.exceptions.get(name)
         if known is None:
             parent = getattr(builtins, base, None) if base.isidentifier() else None
@@ -569,7 +656,9 @@ class Boundary:
             start_new_session=True,  # its process group ends with it (`restart`)
         )
         theirs.close()
-        self.sock, self.pid = ours, process.pid
+        # kept, and waited for in `restart`: a Popen dropped while its process runs warns
+        # (ResourceWarning), an error under a project's `filterwarnings = error` (toolz)
+        self.sock, self.pid, self.process = ours, process.pid, process
 
     def restart(self):
         """Ends the code process (its next request starts a fresh one): nothing the code kept in
@@ -578,9 +667,8 @@ class Boundary:
             self.sock.close()
             with contextlib.suppress(OSError):
                 os.killpg(self.pid, signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                os.waitpid(self.pid, 0)
-        self.sock = self.pid = None
+            self.process.wait()  # reaped already by `exit_description`: Popen takes that as done
+        self.sock = self.pid = self.process = None
         self.dead = ""
         self.generation += 1
         self.handles.clear()
@@ -673,6 +761,8 @@ class Boundary:
         kind, d = type(value), depth + 1
         if kind is Handle:
             return ["h", self.number_of(value)]
+        if builtin_class(value):
+            return ["bi", value.__name__]
         if kind is types.FunctionType and value in self.stubs:
             return ["n", self.stubs[value]]
         if depth < wire.MAX_DEPTH and (kind is list or kind is tuple):
@@ -682,11 +772,16 @@ class Boundary:
         try:
             return wire.encode(value)
         except wire.NotPlainData as exc:
+            iterator = hasattr(kind, "__next__") and hasattr(kind, "__iter__")
+            if iterator:
+                value = value.__next__
             refusal = refused_callable(value) if callable(value) else f"a {kind.__name__} of the tests"
             if refusal:
                 raise wire.NotPlainData(f"{refusal} cannot be passed to the code under test: {exc}") from None
         self.callbacks.append(value)
-        return ["cb", len(self.callbacks) - 1]
+        if iterator:
+            return ["it", len(self.callbacks) - 1]
+        return ["cb", len(self.callbacks) - 1, *callable_shape(value)]
 
     def receive(self, data, depth=0):
         """A value from the code under test: plain data with exact builtin types, its objects as
@@ -695,9 +790,11 @@ class Boundary:
         if type(data) is list and len(data) == 4 and data[0] == "h" and type(data[1]) is int:
             handle = self.handles.get(data[1])
             if handle is None:
-                label, kind = str(data[2])[:200], data[3] if data[3] in ("t", "c") else ""
+                label, kind = str(data[2])[:200], data[3] if data[3] in ("t", "c", *PLAIN_CLASSES) else ""
                 handle = self.handles[data[1]] = Handle(self, data[1], label, kind)
             return handle
+        if type(data) is list and len(data) == 2 and data[0] == "bi" and type(data[1]) is str:
+            return builtin_class(getattr(builtins, data[1], None)) or wire.decode(data)
         if type(data) is list and len(data) == 2 and data[0] in ("l", "t", "d") and type(data[1]) is list:
             if depth > wire.MAX_DEPTH:
                 raise wire.NotPlainData(f"nested deeper than {wire.MAX_DEPTH}")
@@ -742,7 +839,7 @@ class RemoteModule(types.ModuleType):
         value = boundary.request(["get", f"{self.__name__}:{attr}"])
         if attr == "__all__" and star_import(sys._getframe(1)):
             return star_names(boundary.wire, value, sys._getframe(1))
-        fixed = value._fleet_kind if isinstance(value, Handle) else callable(value)
+        fixed = value._fleet_kind in ("t", "c") if isinstance(value, Handle) else callable(value)
         if fixed or isinstance(value, types.ModuleType):
             self.__dict__[attr] = value  # a function's stub, a class or a module: the same on every use
         return value

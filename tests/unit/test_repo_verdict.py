@@ -490,6 +490,10 @@ def apply(function, *args, **kwargs):
     return function(*args, **kwargs)
 
 
+def total(items):
+    return sum(items)
+
+
 def swallow(function):
     try:
         function()
@@ -525,6 +529,7 @@ def test_objects_of_the_code_are_used_in_their_process_and_compared_in_the_tests
         with pytest.raises(wire.NotPlainData, match="holds no plain value"):
             compare()
     assert seen() == []  # not one of the tests' operands reached the code
+    assert {m: 1}[m] == 1 and {meter: 2}[meter] == 2  # hashed by identity: no plain value
     color = side.request(["get", "objects:Color"])
     assert side.request(["get", "objects:favourite"])() == color.RED  # one object: equal to itself
     with pytest.raises(wire.NotPlainData, match="holds no plain value"):
@@ -534,6 +539,7 @@ def test_objects_of_the_code_are_used_in_their_process_and_compared_in_the_tests
         pickle.dumps(m)
     pair = side.request(["get", "objects:Pair"])(1, [2])
     assert pair == (1, [2]) and pair.b == [2] and list(pair) == [1, [2]] and pair[0] == 1
+    assert isinstance(pair, tuple) and type(pair) is boundary.Handle and not isinstance(m, tuple)
     assert side.request(["get", "objects:Pair"])(0.1 + 0.2, 1) == pytest.approx((0.3, 1))
     assert list(side.request(["get", "objects:count"])(3)) == [0, 1, 2]
     generator = side.request(["get", "objects:count"])(1)
@@ -557,6 +563,7 @@ def test_the_tests_callables_run_in_the_tests_with_only_what_the_code_passes(cod
     got = []
     assert apply(lambda x, y=0: got.append((x, y)) or x * 2, 4, y=1) == 8 and got == [(4, 1)]
     assert apply(sorted, [3, 1]) == [1, 3]
+    assert side.request(["get", "objects:total"])(x * 2 for x in range(4)) == 12  # the tests' generator
     assert apply(side.request(["get", "objects:count"]), 2) is not None  # the code's own function, by name
     assert side.request(["get", "objects:walk"])(lambda: 1) == [False, False, False, False]
     secret = "expected 42"
