@@ -274,9 +274,13 @@ class CodeSide:
         except BaseException as exc:
             text, where = str(exc)[:2000], traceback.format_exc(limit=4)[-2000:]
             base = builtin_base(type(exc))
+            try:  # its arguments and attributes, as values and handles (`e.value.code` in a test)
+                state = self.share([list(exc.args), {k: v for k, v in vars(exc).items() if type(k) is str}])
+            except Exception:
+                state = None
             if base == type(exc).__name__ or not isinstance(exc, Exception):
-                return ["err", base, text, where]
-            return ["raised", base, qualified(type(exc)), text, where]  # the tests catch it by name
+                return ["err", base, text, where, state]
+            return ["raised", base, qualified(type(exc)), text, where, state]  # the tests catch it by name
 
     def call_back(self, number, args, kwargs):
         """A call of a callable of the tests: sent to the test process, whose requests are
@@ -708,16 +712,42 @@ class Boundary:
             return self.receive(reply[2])
         if type(reply) is list and len(reply) == 2 and reply[0] == "not plain" and type(reply[1]) is str:
             raise wire.NotPlainData(f"the code under test returned {reply[1][:200]}")
-        strings = type(reply) is list and all(type(x) is str for x in reply)
-        if strings and len(reply) == 3 and reply[0] == "exception" and message[0] == "get":
+        strings = type(reply) is list and all(type(x) is str for x in reply[:-1])
+        if (
+            strings
+            and len(reply) == 3
+            and type(reply[2]) is str
+            and reply[0] == "exception"
+            and message[0] == "get"
+        ):
             return self.exception_class(reply[1][:300], reply[2])
-        if strings and len(reply) == 5 and reply[0] == "raised":
+        if strings and len(reply) == 6 and reply[0] == "raised":
             exc = self.exception_class(reply[2][:300], reply[1])(reply[3])
             exc.add_note("in the code under test:\n" + reply[4])
-            raise exc
-        if strings and len(reply) == 4 and reply[0] == "err":
-            raise wire.remote_exception(*reply[1:])
+            raise self.restore(exc, reply[3], reply[5])
+        if strings and len(reply) == 5 and reply[0] == "err":
+            exc = wire.remote_exception(*reply[1:4])
+            raise self.restore(exc, reply[2], reply[4]) if type(exc).__name__ == reply[1] else exc
         raise wire.NotPlainData("malformed reply from the code under test")
+
+    def restore(self, exc, text, state):
+        """The code's exception with its arguments and attributes (values and handles); its text
+        stays the code's str() of it. Never a name the exception's class has (`add_note`,
+        `with_traceback`) or a dunder."""
+        try:
+            args, attrs = self.receive(state)
+        except (self.wire.NotPlainData, TypeError, ValueError):
+            return exc
+        if type(args) is list:
+            exc.args = tuple(args)
+            if str(exc) != text:  # a class of the code with its own __str__: its text stays
+                exc.args = (text,)
+        for name, value in attrs.items() if type(attrs) is dict else ():
+            own = type(name) is str and name.isidentifier() and not name.startswith("__")
+            if own and not hasattr(type(exc), name):
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(exc, name, value)
+        return exc
 
     def call(self, name, args, kwargs):
         return self.request(

@@ -375,7 +375,9 @@ def code(tmp_path: Path):
                 pass
 
             def parse(text):
-                raise ParseError(f"bad {text}")
+                error = ParseError(f"bad {text}")
+                error.text = text
+                raise error
 
             def where():
                 return os.getcwd()
@@ -407,8 +409,9 @@ def test_plain_data_crosses_by_value_and_objects_of_the_code_as_handles(code):
     opaque = side.request(["get", "calc:OBJECT"])
     with pytest.raises(wire.NotPlainData, match=r"== with a builtins\.object of the code under test"):
         _ = opaque == 1
-    with pytest.raises(KeyError, match="no"):
+    with pytest.raises(KeyError, match="no") as raised:
         side.request(["get", "calc:fails"])()
+    assert raised.value.args == ("no",) and str(raised.value) == "'no'"  # as the code raised it
     with pytest.raises(wire.NotPlainData, match="a object of the tests cannot be passed"):
         add(object(), 1)
     with pytest.raises(AttributeError):
@@ -416,8 +419,9 @@ def test_plain_data_crosses_by_value_and_objects_of_the_code_as_handles(code):
     assert side.request(["get", "calc:where"])() == side.cwd
     parse_error = side.request(["get", "calc:ParseError"])  # the repository's exception class crosses
     assert issubclass(parse_error, ValueError) and parse_error is side.request(["get", "calc:ParseError"])
-    with pytest.raises(parse_error, match="bad x"):
+    with pytest.raises(parse_error, match="bad x") as raised:
         side.request(["get", "calc:parse"])("x")
+    assert raised.value.text == "x" and raised.value.args == ("bad x",)  # its attributes cross
 
 
 OBJECTS = """
@@ -505,6 +509,12 @@ def walk(function):
     return [hasattr(function, name) for name in ("__globals__", "__code__", "__closure__", "__self__")]
 
 
+def shape(function):
+    import inspect
+
+    return [function.__name__, str(inspect.signature(function))]
+
+
 @contextlib.contextmanager
 def suppressing(log):
     try:
@@ -524,6 +534,7 @@ def test_objects_of_the_code_are_used_in_their_process_and_compared_in_the_tests
     meter, seen = side.request(["get", "objects:Meter"]), side.request(["get", "objects:seen"])
     m = meter(2).add(3)
     assert isinstance(m, boundary.Handle) and m.value == 5 and str(m) == "meter at 5" and len(m) == 5 and m
+    assert m.__module__ == "objects" and meter.__name__ == "Meter" and m.__doc__ is None
     assert isinstance(m, meter) and not isinstance(5, meter) and f"{m}" == "meter at 5"
     for compare in (lambda: m == 5, lambda: m < 9, lambda: 5 in m, lambda: 7 + m, lambda: m == meter(5)):
         with pytest.raises(wire.NotPlainData, match="holds no plain value"):
@@ -566,6 +577,13 @@ def test_the_tests_callables_run_in_the_tests_with_only_what_the_code_passes(cod
     assert side.request(["get", "objects:total"])(x * 2 for x in range(4)) == 12  # the tests' generator
     assert apply(side.request(["get", "objects:count"]), 2) is not None  # the code's own function, by name
     assert side.request(["get", "objects:walk"])(lambda: 1) == [False, False, False, False]
+
+    def pick(a, b=42, *rest, key):
+        return a
+
+    name, signature = side.request(["get", "objects:shape"])(pick)  # names and kinds, no default's value
+    assert name == "pick" and signature.startswith("(a, b=<object object at ") and "42" not in signature
+    assert signature.endswith(", *rest, key)") and apply(int, "7") == 7  # a builtin class by name
     secret = "expected 42"
 
     def raises():
