@@ -25,9 +25,13 @@ only the test process holds.
 
 import ast
 import builtins
+import collections.abc
 import contextlib
 import copy
+import datetime
+import decimal
 import dis
+import fractions
 import importlib
 import importlib.machinery
 import importlib.util
@@ -37,12 +41,14 @@ import linecache
 import math
 import operator
 import os
+import pathlib
 import re
 import signal
 import socket
 import subprocess
 import sys
 import types
+import uuid
 
 HIDDEN_MODULE = "fleet_hidden_tests"
 TEST_NAMES = ("conftest", "test", "tests", "testing")
@@ -75,6 +81,88 @@ def builtin_class(value):
     return None
 
 
+def _zone(tz):
+    """A `datetime.timezone` (or None) as plain parts; TypeError for any other tzinfo."""
+    if tz is None:
+        return None
+    if type(tz) is not datetime.timezone:
+        raise TypeError("a tzinfo of its own class")
+    offset = tz.utcoffset(None)
+    return [offset.days, offset.seconds, offset.microseconds, tz.tzname(None)]
+
+
+def _zone_of(parts):
+    if parts is None:
+        return None
+    days, seconds, microseconds, name = parts
+    return datetime.timezone(datetime.timedelta(days, seconds, microseconds), name)
+
+
+# The standard library's immutable value types: they cross by value, as plain parts rebuilt by the
+# receiving process's own class (never unpickled), so a date the code returns equals the test's.
+VALUE_CODECS = {
+    datetime.date: ("date", lambda v: [v.year, v.month, v.day], lambda p: datetime.date(*p)),
+    datetime.datetime: (
+        "datetime",
+        lambda v: [*v.timetuple()[:6], v.microsecond, v.fold, _zone(v.tzinfo)],
+        lambda p: datetime.datetime(*p[:7], fold=p[7], tzinfo=_zone_of(p[8])),
+    ),
+    datetime.time: (
+        "time",
+        lambda v: [v.hour, v.minute, v.second, v.microsecond, v.fold, _zone(v.tzinfo)],
+        lambda p: datetime.time(*p[:4], fold=p[4], tzinfo=_zone_of(p[5])),
+    ),
+    datetime.timedelta: (
+        "timedelta",
+        lambda v: [v.days, v.seconds, v.microseconds],
+        lambda p: datetime.timedelta(*p),
+    ),
+    datetime.timezone: ("timezone", _zone, _zone_of),
+    decimal.Decimal: ("Decimal", lambda v: [str(v)], lambda p: decimal.Decimal(str(p[0]))),
+    fractions.Fraction: (
+        "Fraction",
+        lambda v: [v.numerator, v.denominator],
+        lambda p: fractions.Fraction(*p),
+    ),
+    uuid.UUID: ("UUID", lambda v: [str(v)], lambda p: uuid.UUID(str(p[0]))),
+    pathlib.PurePosixPath: ("PurePosixPath", lambda v: [str(v)], lambda p: pathlib.PurePosixPath(str(p[0]))),
+    pathlib.PosixPath: ("PosixPath", lambda v: [str(v)], lambda p: pathlib.PosixPath(str(p[0]))),
+}
+VALUE_DECODERS = {name: decode for name, _, decode in VALUE_CODECS.values()}
+VALUE_TAGS = ("bi", "r", "v")
+
+
+def by_value(value):
+    """The tag of a value that crosses by value beside init.py's plain data: a builtin class
+    (`["bi", name]`), a range (`["r", start, stop, step]`) or a standard-library value
+    (`["v", type, parts]`); None for anything else."""
+    if builtin_class(value):
+        return ["bi", value.__name__]
+    kind = type(value)
+    if kind is range:
+        return ["r", value.start, value.stop, value.step]
+    codec = VALUE_CODECS.get(kind)
+    if codec is not None:
+        with contextlib.suppress(TypeError):
+            return ["v", codec[0], codec[1](value)]
+    return None
+
+
+def from_value(wire, data):
+    """The value a `by_value` tag names, rebuilt by this process's own classes."""
+    tag = data[0]
+    try:
+        if tag == "bi" and len(data) == 2 and builtin_class(getattr(builtins, str(data[1]), None)):
+            return getattr(builtins, data[1])
+        if tag == "r" and len(data) == 4 and all(type(x) is int for x in data[1:]):
+            return range(*data[1:])
+        if tag == "v" and len(data) == 3 and data[1] in VALUE_DECODERS and type(data[2]) is list:
+            return VALUE_DECODERS[data[1]](data[2])
+    except (TypeError, ValueError, ArithmeticError):
+        pass
+    raise wire.NotPlainData(f"malformed value (tag {str(tag)[:20]!r})")
+
+
 def qualified(cls):
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -103,9 +191,10 @@ class CodeSide:
     Values cross as init.py's plain data, with more tags: `["h", number, label, kind]` for an
     object of the code (kind: the builtin type it derives from, else "t" a class, "c" another
     callable, "" the rest) and, from the test process, `["cb", number]` for a callable of the
-    tests (`Callback`), `["it", number]` for an iterator of the tests (`TestIterator`),
-    `["n", "module:name"]` for a function of the code the tests hold by name, and `["bi", name]`
-    for a builtin class both ways."""
+    tests (`Callback`), `["it", number]` for an iterator of the tests (`TestIterator`), `["in",
+    number]` for another iterable of theirs (`TestIterable`), `["n", "module:name"]` for a
+    function of the code the tests hold by name, and both ways `["bi", name]` for a builtin
+    class and `["r", start, stop, step]` for a range."""
 
     def __init__(self, wire, sock):
         self.wire = wire
@@ -123,40 +212,44 @@ class CodeSide:
         base = next((b.__name__ for b, _ in PLAIN_OF if issubclass(type(value), b)), "")
         return ["h", number, qualified(type(value))[:200], base or ("c" if callable(value) else "")]
 
-    def share(self, value, depth=0):
-        """`value` as plain data where it is; containers of the builtin types with the code's
-        objects in them item by item; anything else as a handle."""
+    def share(self, value, depth=0, handles=True):
+        """`value` as plain data where it is (`by_value`'s values too); containers of the builtin
+        types with the code's objects in them item by item; anything else as a handle (without
+        `handles`: NotPlainData)."""
         wire = self.wire
         try:
             return wire.encode(value)
         except wire.NotPlainData:
             pass
         kind, d = type(value), depth + 1
-        if builtin_class(value):
-            return ["bi", value.__name__]
+        tagged = by_value(value)
+        if tagged is not None:
+            return tagged
         if depth < wire.MAX_DEPTH and (kind is list or kind is tuple):
-            return ["t" if kind is tuple else "l", [self.share(v, d) for v in value]]
+            return ["t" if kind is tuple else "l", [self.share(v, d, handles) for v in value]]
         if depth < wire.MAX_DEPTH and kind is dict:
             try:
-                return ["d", [[wire.encode(k), self.share(v, d)] for k, v in value.items()]]
+                return ["d", [[wire.encode(k), self.share(v, d, handles)] for k, v in value.items()]]
             except wire.NotPlainData:  # a key that is an object of the code: the dict is one
                 pass
+        if not handles:
+            raise wire.NotPlainData(f"a {qualified(kind)} holds no plain value")
         return self.handle(value)
 
     def take(self, data, depth=0):
         """A value the test process sent: plain data, handles back to their objects, callables
         of the tests as `Callback`s."""
         wire = self.wire
-        if type(data) is list and len(data) == 2 and data[0] == "bi" and type(data[1]) is str:
-            return builtin_class(getattr(builtins, data[1], None)) or wire.decode(data)
+        if type(data) is list and data and data[0] in VALUE_TAGS:
+            return from_value(wire, data)
         if type(data) is list and len(data) == 2 and data[0] == "n" and type(data[1]) is str:
             module_name, _, attr = data[1].partition(":")  # a function the tests hold by name
             return getattr(importlib.import_module(module_name), attr)
         if type(data) is list and len(data) == 4 and data[0] == "cb" and type(data[1]) is int:
             return Callback(self, data[1], data[2], data[3])
-        if type(data) is list and len(data) == 2 and data[0] in ("h", "it") and type(data[1]) is int:
-            if data[0] == "it":
-                return TestIterator(self, data[1])
+        if type(data) is list and len(data) == 2 and data[0] in ("h", "it", "in") and type(data[1]) is int:
+            if data[0] in ("it", "in"):
+                return (TestIterator if data[0] == "it" else TestIterable)(self, data[1])
             if data[1] not in self.objects:
                 raise wire.NotPlainData("a handle of no object of the code under test")
             return self.objects[data[1]]
@@ -176,7 +269,7 @@ class CodeSide:
         for base, read in PLAIN_OF:
             if issubclass(type(value), base):
                 try:
-                    return ["ok", self.wire.encode(read(value))]
+                    return ["ok", self.share(read(value), handles=False)]
                 except self.wire.NotPlainData:
                     return None
         return None
@@ -350,6 +443,19 @@ class TestIterator(Callback):
         return "<an iterator of the tests>"
 
 
+class TestIterable(Callback):
+    """An iterable of the tests that is no iterator (a deque, a dict view, a class of the tests):
+    each `iter` is a call back, which gives a `TestIterator`."""
+
+    __test__ = False  # not a pytest class
+
+    def __iter__(self):
+        return self()
+
+    def __repr__(self):
+        return "<an iterable of the tests>"
+
+
 def serve(wire_path, fd, paths, cwd):
     """The code process: the repository after the standard library and the environment."""
     wire = load_wire(wire_path)
@@ -378,6 +484,9 @@ REFUSED_MODULES = frozenset(
     | {"ctypes", "_ctypes", "pickle", "_pickle", "marshal", "runpy", "socket", "_socket", "signal"}
     | {"_signal", "pty", "fcntl", "mmap", "resource", "pathlib", "tempfile", "code", "codeop"}
 )
+
+
+CONTAINERS = (dict, list, set, frozenset, tuple, str, bytes, bytearray, collections.abc.Mapping)
 
 
 def callable_shape(value):
@@ -542,16 +651,14 @@ HANDLE_DUNDERS = frozenset({"__name__", "__qualname__", "__module__", "__doc__",
 
 def _operands(handle, other, symbol):
     """The plain values `handle` and `other` hold, to be compared in the tests; None where
-    `handle` holds none and `other` is an object of the tests that is no plain data (an object
-    of the code is no such object: `other` decides, as Python lets the other operand)."""
+    `handle` holds none and `other` is a class or a typing construct of the tests (compared by
+    identity by nature, never one of the code: `other` decides, as Python lets the other operand;
+    typing's `arg in (Any, ...)` on a class of the code)."""
     mine = handle._fleet_ask("plain")
     if isinstance(other, Handle):
         return (handle._fleet_plain(symbol) if mine is NO_VALUE else mine), other._fleet_plain(symbol)
     if mine is NO_VALUE:
-        wire = handle._fleet_boundary.wire
-        try:
-            wire.encode(other)
-        except wire.NotPlainData:
+        if isinstance(other, type) or type(other).__module__ == "typing":
             return None
         handle._fleet_plain(symbol)  # raises: it holds no plain value to compare with the tests'
     return mine, other
@@ -791,8 +898,9 @@ class Boundary:
         kind, d = type(value), depth + 1
         if kind is Handle:
             return ["h", self.number_of(value)]
-        if builtin_class(value):
-            return ["bi", value.__name__]
+        tagged = by_value(value)
+        if tagged is not None:
+            return tagged
         if kind is types.FunctionType and value in self.stubs:
             return ["n", self.stubs[value]]
         if depth < wire.MAX_DEPTH and (kind is list or kind is tuple):
@@ -802,16 +910,18 @@ class Boundary:
         try:
             return wire.encode(value)
         except wire.NotPlainData as exc:
-            iterator = hasattr(kind, "__next__") and hasattr(kind, "__iter__")
-            if iterator:
-                value = value.__next__
-            refusal = refused_callable(value) if callable(value) else f"a {kind.__name__} of the tests"
+            tag = "cb" if callable(value) else "it" if hasattr(kind, "__next__") else "in"
+            if tag == "in" and (not hasattr(kind, "__iter__") or issubclass(kind, CONTAINERS)):
+                # a container of the tests (a defaultdict, a mapping) would be half of itself
+                raise wire.NotPlainData(
+                    f"a {kind.__name__} of the tests cannot be passed to the code under test: {exc}"
+                ) from None
+            called = {"cb": value, "it": getattr(value, "__next__", None), "in": lambda: iter(value)}[tag]
+            refusal = refused_callable(value) if tag == "cb" else ""
             if refusal:
                 raise wire.NotPlainData(f"{refusal} cannot be passed to the code under test: {exc}") from None
-        self.callbacks.append(value)
-        if iterator:
-            return ["it", len(self.callbacks) - 1]
-        return ["cb", len(self.callbacks) - 1, *callable_shape(value)]
+        self.callbacks.append(called)
+        return [tag, len(self.callbacks) - 1, *(callable_shape(value) if tag == "cb" else ())]
 
     def receive(self, data, depth=0):
         """A value from the code under test: plain data with exact builtin types, its objects as
@@ -823,8 +933,8 @@ class Boundary:
                 label, kind = str(data[2])[:200], data[3] if data[3] in ("t", "c", *PLAIN_CLASSES) else ""
                 handle = self.handles[data[1]] = Handle(self, data[1], label, kind)
             return handle
-        if type(data) is list and len(data) == 2 and data[0] == "bi" and type(data[1]) is str:
-            return builtin_class(getattr(builtins, data[1], None)) or wire.decode(data)
+        if type(data) is list and data and data[0] in VALUE_TAGS:
+            return from_value(wire, data)
         if type(data) is list and len(data) == 2 and data[0] in ("l", "t", "d") and type(data[1]) is list:
             if depth > wire.MAX_DEPTH:
                 raise wire.NotPlainData(f"nested deeper than {wire.MAX_DEPTH}")

@@ -4,7 +4,11 @@ the boundary between the tests and the code under test (its code process, run he
 
 from __future__ import annotations
 
+import collections
 import copy
+import datetime
+import decimal
+import fractions
 import os
 import pickle
 import subprocess
@@ -498,6 +502,10 @@ def total(items):
     return sum(items)
 
 
+def shift(day, delta):
+    return day + delta
+
+
 def swallow(function):
     try:
         function()
@@ -574,7 +582,16 @@ def test_the_tests_callables_run_in_the_tests_with_only_what_the_code_passes(cod
     got = []
     assert apply(lambda x, y=0: got.append((x, y)) or x * 2, 4, y=1) == 8 and got == [(4, 1)]
     assert apply(sorted, [3, 1]) == [1, 3]
-    assert side.request(["get", "objects:total"])(x * 2 for x in range(4)) == 12  # the tests' generator
+    shift = side.request(["get", "objects:shift"])  # the standard library's values cross by value
+    day, utc = datetime.datetime(2024, 1, 1, 12, tzinfo=datetime.UTC), datetime.UTC
+    assert shift(day, datetime.timedelta(days=1)) == datetime.datetime(2024, 1, 2, 12, tzinfo=utc)
+    assert shift(decimal.Decimal("0.1"), decimal.Decimal("0.2")) == decimal.Decimal("0.3")
+    assert shift(fractions.Fraction(1, 3), 1) == fractions.Fraction(4, 3) and apply(range, 3) == range(3)
+    total = side.request(["get", "objects:total"])
+    assert total(x * 2 for x in range(4)) == 12 and total(range(3)) == 3  # the tests' generator, a range
+    assert total(collections.deque([1, 2])) == 3  # an iterable of the tests: iterated by call back
+    with pytest.raises(wire.NotPlainData, match="a defaultdict of the tests cannot be passed"):
+        total(collections.defaultdict(int))  # a container would be half of itself
     assert apply(side.request(["get", "objects:count"]), 2) is not None  # the code's own function, by name
     assert side.request(["get", "objects:walk"])(lambda: 1) == [False, False, False, False]
 
