@@ -200,6 +200,12 @@ PLAIN_OF = (
     (set, lambda v: set(set.__iter__(v))),
 )
 ITERATION_END = ["end"]
+BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and", "or", "xor")
+ARITHMETIC = (
+    *(f"__{r}{n}__" for n in (*BINARY, "matmul", "divmod") for r in ("", "r")),
+    *(f"__{n}__" for n in ("neg", "pos", "abs", "invert", "round", "trunc", "floor", "ceil")),
+)
+MAX_STATE = 100_000  # characters of an exception's arguments and attributes on the wire, at most
 
 
 class CodeSide:
@@ -211,8 +217,8 @@ class CodeSide:
     callable, "" the rest) and, from the test process, `["cb", number]` for a callable of the
     tests (`Callback`), `["it", number]` for an iterator of the tests (`TestIterator`), `["in",
     number]` for another iterable of theirs (`TestIterable`), `["n", "module:name"]` for a
-    function of the code the tests hold by name, and both ways `["bi", name]` for a builtin
-    class and `["r", start, stop, step]` for a range."""
+    function of the code the tests hold by name, and both ways `by_value`'s tags (a builtin
+    class, a range, a standard-library value)."""
 
     def __init__(self, wire, sock):
         self.wire = wire
@@ -282,12 +288,13 @@ class CodeSide:
         return wire.decode(data)
 
     def plain(self, value):
-        """The builtin value an object of a builtin type's subclass holds, as plain data; None for
-        any other object."""
+        """The builtin value an object of a builtin type's subclass holds, as plain data, with the
+        arithmetic operators its class defines for itself; None for any other object."""
         for base, read in PLAIN_OF:
             if issubclass(type(value), base):
+                own = [n for n in ARITHMETIC if getattr(type(value), n, None) is not getattr(base, n, None)]
                 try:
-                    return ["ok", self.share(read(value), handles=False)]
+                    return ["ok", self.share([read(value), own], handles=False)]
                 except self.wire.NotPlainData:
                     return None
         return None
@@ -387,6 +394,8 @@ class CodeSide:
             base = builtin_base(type(exc))
             try:  # its arguments and attributes, as values and handles (`e.value.code` in a test)
                 state = self.share([list(exc.args), {k: v for k, v in vars(exc).items() if type(k) is str}])
+                if len(json.dumps(state)) > MAX_STATE:
+                    state = None
             except Exception:
                 state = None
             if base == type(exc).__name__ or not isinstance(exc, Exception):
@@ -560,14 +569,33 @@ class Handle:
         boundary = self._fleet_boundary
         return boundary.request([kind, boundary.number_of(self), *(boundary.give(a) for a in args)])
 
-    def _fleet_plain(self, what):
-        value = self._fleet_ask("plain")
-        if value is NO_VALUE:
-            raise self._fleet_boundary.wire.NotPlainData(
+    def _fleet_held(self):
+        """The plain value the object holds and the arithmetic operators its class defines for
+        itself, or NO_VALUE."""
+        held = self._fleet_ask("plain")
+        if held is NO_VALUE:
+            return NO_VALUE
+        if not (type(held) is list and len(held) == 2 and type(held[1]) is list):
+            raise self._fleet_boundary.wire.NotPlainData("a malformed plain value from the code under test")
+        return held
+
+    def _fleet_plain(self, what, operators=()):
+        """The plain value, for `what` on the test side; NotPlainData where there is none, or where
+        the object's class computes one of `operators` itself (the test side would compute
+        something else: tomlkit's `Integer - 1` is an `Integer`)."""
+        held = self._fleet_held()
+        NotPlain = self._fleet_boundary.wire.NotPlainData
+        if held is NO_VALUE:
+            raise NotPlain(
                 f"{what} with a {self._fleet_label} of the code under test, which holds no plain value "
                 "(the tests can compare its attributes, its str() or what its methods return)"
             )
-        return value
+        if any(name in held[1] for name in operators):
+            raise NotPlain(
+                f"{what} with a {self._fleet_label} of the code under test, whose class computes {what} "
+                "itself: only the plain value it holds crosses, so the tests cannot compute it"
+            )
+        return held[0]
 
     def __getattribute__(self, attr):
         if attr in ("__doc__", "__module__"):  # the code object's, not this class's
@@ -614,8 +642,8 @@ class Handle:
         return self._fleet_ask("len")
 
     def __bool__(self):
-        value = self._fleet_ask("plain")
-        return bool(value) if value is not NO_VALUE else self._fleet_ask("bool")
+        held = self._fleet_held()
+        return bool(held[0]) if held is not NO_VALUE else self._fleet_ask("bool")
 
     def __str__(self):
         return self._fleet_ask("str")
@@ -663,32 +691,29 @@ class Handle:
         return (item._fleet_plain("in") if isinstance(item, Handle) else item) in self._fleet_plain("in")
 
     def __hash__(self):  # the plain value's, else the object's identity (a class as a typing key)
-        value = self._fleet_ask("plain")
-        return hash(value) if value is not NO_VALUE else object.__hash__(self)
+        held = self._fleet_held()
+        return hash(held[0]) if held is not NO_VALUE else object.__hash__(self)
 
 
 PLAIN_CLASSES = {c.__name__: c for c in (int, float, str, bytes, tuple, list, dict, frozenset, set)}
 HANDLE_DUNDERS = frozenset({"__name__", "__qualname__", "__module__", "__doc__", "__dict__", *PLAIN_DUNDERS})
 
 
-def _operands(handle, other, symbol):
-    """The plain values `handle` and `other` hold, to be compared in the tests; None where
-    `handle` holds none and `other` is a class or a typing construct of the tests (compared by
-    identity by nature, never one of the code: `other` decides, as Python lets the other operand;
-    typing's `arg in (Any, ...)` on a class of the code)."""
-    mine = handle._fleet_ask("plain")
+def _operands(handle, other, symbol, operators=()):
+    """The plain values `handle` and `other` hold, to be compared or computed in the tests; None
+    where `handle` holds none and `other` is a class or a typing construct of the tests (compared
+    by identity by nature, never one of the code: `other` decides, as Python lets the other
+    operand; typing's `arg in (Any, ...)` on a class of the code)."""
     if isinstance(other, Handle):
-        return (handle._fleet_plain(symbol) if mine is NO_VALUE else mine), other._fleet_plain(symbol)
-    if mine is NO_VALUE:
-        if isinstance(other, type) or type(other).__module__ == "typing":
-            return None
-        handle._fleet_plain(symbol)  # raises: it holds no plain value to compare with the tests'
-    return mine, other
+        return handle._fleet_plain(symbol, operators), other._fleet_plain(symbol, operators)
+    if handle._fleet_held() is NO_VALUE and (isinstance(other, type) or type(other).__module__ == "typing"):
+        return None
+    return handle._fleet_plain(symbol, operators), other
 
 
-def _binary(function, symbol, reflected=False):
+def _binary(function, symbol, operators=(), reflected=False):
     def method(self, other):
-        values = _operands(self, other, symbol)
+        values = _operands(self, other, symbol, operators)
         if values is None:
             return NotImplemented
         return function(values[1], values[0]) if reflected else function(*values)
@@ -696,8 +721,8 @@ def _binary(function, symbol, reflected=False):
     return method
 
 
-def _unary(function, symbol):
-    return lambda self, *args: function(self._fleet_plain(symbol), *args)
+def _unary(function, symbol, operators=()):
+    return lambda self, *args: function(self._fleet_plain(symbol, operators), *args)
 
 
 def _equality(same):
@@ -724,15 +749,17 @@ for _name, _symbol in (
     *(("matmul", "@"),),
 ):
     _function = getattr(operator, f"{_name}_" if _name in ("and", "or") else _name)
-    setattr(Handle, f"__{_name}__", _binary(_function, _symbol))
-    setattr(Handle, f"__r{_name}__", _binary(_function, _symbol, reflected=True))
-Handle.__divmod__ = _binary(divmod, "divmod()")
-Handle.__rdivmod__ = _binary(divmod, "divmod()", reflected=True)
+    _own = (f"__{_name}__", f"__r{_name}__")
+    setattr(Handle, f"__{_name}__", _binary(_function, _symbol, _own))
+    setattr(Handle, f"__r{_name}__", _binary(_function, _symbol, _own, reflected=True))
+Handle.__divmod__ = _binary(divmod, "divmod()", ("__divmod__", "__rdivmod__"))
+Handle.__rdivmod__ = _binary(divmod, "divmod()", ("__divmod__", "__rdivmod__"), reflected=True)
 for _name, _function in (
     *(("neg", operator.neg), ("pos", operator.pos), ("abs", abs), ("invert", operator.invert)),
-    *(("int", int), ("float", float), ("complex", complex), ("index", operator.index)),
     *(("round", round), ("trunc", math.trunc), ("floor", math.floor), ("ceil", math.ceil)),
 ):
+    setattr(Handle, f"__{_name}__", _unary(_function, f"{_name}()", (f"__{_name}__",)))
+for _name, _function in (("int", int), ("float", float), ("complex", complex), ("index", operator.index)):
     setattr(Handle, f"__{_name}__", _unary(_function, f"{_name}()"))
 
 

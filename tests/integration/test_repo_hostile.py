@@ -312,10 +312,10 @@ def test_code_under_test_that_exits_0_on_import_passes_no_tests(tmp_path, root):
 
 @needs_sandbox
 def test_a_test_that_needs_an_object_of_the_code_is_judged_as_plain_pytest_judges_it(tmp_path, root):
-    """Plain values and the repository's exception classes cross the boundary; an instance does
-    not. A pass-to-pass test runs as plain pytest (a forged report there could only hide a
+    """A pass-to-pass test runs as plain pytest (a forged report there could only hide a
     regression), so the test that needs an instance is judged like any other; the base's failing
-    test is not counted, and it crosses the boundary: the fix makes it pass there."""
+    test is not counted, and it crosses the boundary (plain values and the repository's exception
+    classes by value, an instance as a handle: test_code_objects.py): the fix makes it pass there."""
     from fleet_pipelines.domain.models import Task
     from fleet_pipelines.scoring.patch import patch_checks
 

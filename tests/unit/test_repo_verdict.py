@@ -506,6 +506,11 @@ def shift(day, delta):
     return day + delta
 
 
+class Count(int):
+    def __sub__(self, other):
+        return Count(int(self) - other)
+
+
 def swallow(function):
     try:
         function()
@@ -582,6 +587,10 @@ def test_the_tests_callables_run_in_the_tests_with_only_what_the_code_passes(cod
     got = []
     assert apply(lambda x, y=0: got.append((x, y)) or x * 2, 4, y=1) == 8 and got == [(4, 1)]
     assert apply(sorted, [3, 1]) == [1, 3]
+    count = side.request(["get", "objects:Count"])(3)
+    assert count == 3 and int(count) == 3 and count + 1 == 4  # its own +? none: int's, on the test side
+    with pytest.raises(wire.NotPlainData, match="whose class computes - itself"):
+        _ = count - 1  # the test side would compute an int where the code computes a Count
     shift = side.request(["get", "objects:shift"])  # the standard library's values cross by value
     day, utc = datetime.datetime(2024, 1, 1, 12, tzinfo=datetime.UTC), datetime.UTC
     assert shift(day, datetime.timedelta(days=1)) == datetime.datetime(2024, 1, 2, 12, tzinfo=utc)
