@@ -93,11 +93,33 @@ def _group(groups: dict, name: str, seen: frozenset[str] = frozenset()) -> list[
     return found
 
 
+# What a Poetry "dev" group holds beside the tests' dependencies: tools no test imports, left out
+# (tomlkit's dev group: pytest, pytest-cov, PyYAML, pre-commit, mypy, Sphinx, furo).
+DEV_TOOLS = re.compile(
+    r"(mypy|pre-commit|sphinx.*|furo|black|ruff|flake8.*|isort|pylint|tox|nox|twine|build|mkdocs.*|types-.*)",
+    re.IGNORECASE,
+)
+
+
+def _poetry_dev(data: dict) -> list[str]:
+    """The distributions Poetry's test groups (`[tool.poetry.group.test.dependencies]`, the
+    groups named test/tests/testing/dev, and the older `[tool.poetry.dev-dependencies]`) name,
+    by name only: Poetry's constraints (`^7.2`) are not PEP 440, and pip is constrained to our
+    test runner anyway. Tools no test imports (DEV_TOOLS) are left out."""
+    poetry = data.get("tool", {}).get("poetry", {})
+    poetry = poetry if isinstance(poetry, dict) else {}
+    groups = poetry.get("group", {}) if isinstance(poetry.get("group"), dict) else {}
+    tables = [groups[n].get("dependencies") for n in (*TEST_GROUPS, "dev") if isinstance(groups.get(n), dict)]
+    tables.append(poetry.get("dev-dependencies"))
+    names = [n for table in tables if isinstance(table, dict) for n in table if isinstance(n, str)]
+    return [n for n in names if _NAME.fullmatch(n) and n.lower() != "python" and not DEV_TOOLS.fullmatch(n)]
+
+
 def declared_test_dependencies(project: Path) -> list[str]:
     """The requirement specifiers the project declares for its tests: the dependency group
-    (PEP 735) and the extra (pyproject, setup.cfg) named test, tests or testing, and tox.ini's
-    `[testenv]` deps (a `-r FILE` there read when FILE is in the project); pytest and what it
-    requires never (the test runner is ours)."""
+    (PEP 735) and the extra (pyproject, setup.cfg) named test, tests or testing, Poetry's test
+    and dev groups (`_poetry_dev`), and tox.ini's `[testenv]` deps (a `-r FILE` there read when
+    FILE is in the project); pytest and what it requires never (the test runner is ours)."""
     found: list[str] = []
     data = read_pyproject(project)
     groups = data.get("dependency-groups", {})
@@ -107,6 +129,7 @@ def declared_test_dependencies(project: Path) -> list[str]:
     for name in TEST_GROUPS:
         found += _group(groups, name)
         found += [d for d in extras.get(name, []) if isinstance(d, str)]
+    found += _poetry_dev(data)
     configs = (("setup.cfg", "options.extras_require", None), ("tox.ini", "testenv", "deps"))
     for config, section, key in configs:
         path = project / config

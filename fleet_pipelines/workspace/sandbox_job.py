@@ -66,14 +66,17 @@ NOT_LOADED = {"pytest-randomly"}
 # Deprecations of the judge's pytest (newer than a project's CI may have run) never fail a test,
 # even under a project's `filterwarnings = error` (python-dateutil's generator parametrize).
 PYTEST_DEPRECATIONS = ["-W", "ignore::pytest.PytestRemovedIn10Warning"]
+# A test module that cannot be collected (a test dependency that did not install) fails alone:
+# its tests are errors, and every other module still runs (plain pytest would run none).
+COLLECTION = ["--continue-on-collection-errors"]
 
 
 @functools.cache  # read once per job: every command's environment carries them
 def pytest_options(env="/mnt/env"):
     """pytest's options for every run: `-p MODULE` for each plugin the dependency environment
-    installs (its `pytest11` entry points), less NOT_LOADED, with NEUTRAL_OPTIONS, and
-    PYTEST_DEPRECATIONS. Autoloading is off (a patch could add entry points); the environment is
-    the base's declared dependencies, read-only, so its plugins load by name."""
+    installs (its `pytest11` entry points), less NOT_LOADED, with NEUTRAL_OPTIONS,
+    PYTEST_DEPRECATIONS and COLLECTION. Autoloading is off (a patch could add entry points); the
+    environment is the base's declared dependencies, read-only, so its plugins load by name."""
     found, neutral = [], []
     for info in sorted(os.listdir(env)) if os.path.isdir(env) else []:
         points = os.path.join(env, info, "entry_points.txt")
@@ -89,7 +92,7 @@ def pytest_options(env="/mnt/env"):
         for value in parser["pytest11"].values():
             found += ["-p", value.split(":")[0].strip()]
         neutral += NEUTRAL_OPTIONS.get(dist, [])
-    return [*found, *neutral, *PYTEST_DEPRECATIONS]
+    return [*found, *neutral, *PYTEST_DEPRECATIONS, *COLLECTION]
 
 
 def environment(job):

@@ -776,6 +776,23 @@ def test_a_projects_declared_test_dependencies_are_read_where_projects_write_the
         "responses==0.25.0",
     ]
     assert declared_test_dependencies(tmp_path / "missing") == []
+    poetry = tmp_path / "poetry"
+    poetry.mkdir()
+    (poetry / "pyproject.toml").write_text(
+        textwrap.dedent("""
+        [tool.poetry.dependencies]
+        python = "^3.8"
+        [tool.poetry.group.dev.dependencies]
+        pytest = "^7.2.0"
+        PyYAML = "^6.0"
+        mypy = "^0.990"
+        Sphinx = "^4.3.2"
+        [tool.poetry.dev-dependencies]
+        freezegun = {version = "^1.0"}
+        """)
+    )
+    # Poetry's groups by name (its ^ constraints are not PEP 440); tools no test imports left out
+    assert declared_test_dependencies(poetry) == ["PyYAML", "freezegun"]
 
 
 def test_the_environments_pytest_plugins_load_by_name_with_what_they_change_about_the_run_off(tmp_path: Path):
@@ -801,9 +818,12 @@ def test_the_environments_pytest_plugins_load_by_name_with_what_they_change_abou
     assert sandbox_job.pytest_options(str(tmp_path)) == [
         *("-p", "_hypothesis_pytestplugin", "-p", "pytest_cov.plugin", "-p", "pytest_mock"),
         *("-p", "xdist.plugin", "-p", "xdist.looponfail", "--no-cov", "-n", "0"),
-        *("-W", "ignore::pytest.PytestRemovedIn10Warning"),
+        *("-W", "ignore::pytest.PytestRemovedIn10Warning", "--continue-on-collection-errors"),
     ]
-    assert sandbox_job.pytest_options(str(tmp_path / "none")) == sandbox_job.PYTEST_DEPRECATIONS
+    assert sandbox_job.pytest_options(str(tmp_path / "none")) == [
+        *sandbox_job.PYTEST_DEPRECATIONS,
+        *sandbox_job.COLLECTION,
+    ]
 
 
 def test_a_plan_is_kept_when_only_the_samples_session_ended_at_its_budget():
