@@ -550,12 +550,12 @@ class Handle:
 
     Using it asks the code process (an attribute, a call, iteration, len, str, repr, a context
     manager's enter and exit). Every operator with an operand of the tests (`==`, `<`, `in`,
-    arithmetic, hashing, pytest.approx through them) first turns the object into the exact
-    builtin value it holds (a subclass of a builtin type: a namedtuple, an int enum), read by the
-    builtin type's own methods, and compares that here: the code never receives the value the
-    test compares against, and an object that is no such value fails the test as one that cannot
-    cross (NotPlainData). A code context manager receives only the exception's builtin class and
-    never suppresses it."""
+    arithmetic, pytest.approx through them) first turns the object into the exact builtin value
+    it holds (a subclass of a builtin type: a namedtuple, an int enum), read by the builtin type's
+    own methods, and computes here: the code never receives the value the test compares against.
+    An object that holds no such value, or whose class defines that arithmetic itself, fails the
+    test as one that cannot cross (NotPlainData). A code context manager receives only the
+    exception's builtin class and never suppresses it."""
 
     __slots__ = ("_fleet_boundary", "_fleet_generation", "_fleet_kind", "_fleet_label", "_fleet_number")
     __slots__ += ("_fleet_origin",)
