@@ -88,8 +88,9 @@ class TestEvidence(BaseModel):
     forgeable: bool = False  # ran in the code under test's own process: it could write the result
     cannot_cross: list[str] = Field(
         default_factory=list,
-        description="Tests that need objects of the code under test (found on the base commit): "
-        "they cannot be judged across the boundary, and are listed and left out.",
+        description="Tests that cannot be judged across the boundary (found on the base commit): "
+        "they compare an object of the code under test that holds no plain value, or hand the "
+        "code what cannot cross; listed and left out.",
     )
     not_counted: int = 0  # failing, skipped or xfailed on the base, or not the base's (the patch's own)
     flaky: list[str] = Field(

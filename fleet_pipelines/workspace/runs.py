@@ -200,8 +200,9 @@ class TestPlan:
     outcome under plain pytest with the test command's arguments (`base`; those that pass there
     are the pass-to-pass tests), the sampled pass-to-pass tests that also pass across the
     boundary (`crossable`: re-run across it after a patch, to catch a forged plain report), the
-    hidden tests' ids, each "boundary" or "cannot_cross" (it needed an object of the code under
-    test on the base: it cannot be judged, and is left out), the flaky tests (their outcome
+    hidden tests' ids, each "boundary" or "cannot_cross" (on the base it compared an object of the
+    code that holds no plain value, or handed the code what cannot cross: it cannot be judged,
+    and is left out), the flaky tests (their outcome
     differed between two base runs: left out), and `named`: the crossable tests named after what
     the hidden tests import (`sandbox_job.named_ids`), re-run across the boundary after every
     patch, not drawn: code that answers the hidden tests across the boundary otherwise than the
