@@ -181,6 +181,40 @@ def from_value(wire, data):
     raise wire.NotPlainData(f"malformed value (tag {str(tag)[:20]!r})")
 
 
+def builtin_exception(name, kind=Exception):
+    """The builtin exception class `name` names where it derives from `kind`, else Exception:
+    all that crosses of an exception raised on the other side."""
+    found = getattr(builtins, str(name), None)
+    return found if isinstance(found, type) and issubclass(found, kind) else Exception
+
+
+def pack(wire, value, depth, item):
+    """A builtin list, tuple or dict for the wire, its items through `item(v, depth)` and its keys
+    as plain data; None for any other value (or one nested deeper than the wire allows)."""
+    kind, d = type(value), depth + 1
+    if depth >= wire.MAX_DEPTH:
+        return None
+    if kind is list or kind is tuple:
+        return ["t" if kind is tuple else "l", [item(v, d) for v in value]]
+    if kind is dict:
+        return ["d", [[wire.encode(k), item(v, d)] for k, v in value.items()]]
+    return None
+
+
+def unpack(wire, data, depth, item):
+    """The list, tuple or dict `pack` made, its items through `item(v, depth)`; None for any other
+    data."""
+    if not (type(data) is list and len(data) == 2 and data[0] in ("l", "t", "d") and type(data[1]) is list):
+        return None
+    if depth > wire.MAX_DEPTH:
+        raise wire.NotPlainData(f"nested deeper than {wire.MAX_DEPTH}")
+    if data[0] == "d":
+        pairs = [p for p in data[1] if type(p) is list and len(p) == 2]
+        return {wire.decode(k): item(v, depth + 1) for k, v in pairs}
+    items = [item(v, depth + 1) for v in data[1]]
+    return tuple(items) if data[0] == "t" else items
+
+
 def qualified(cls):
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -200,11 +234,21 @@ PLAIN_OF = (
     (set, lambda v: set(set.__iter__(v))),
 )
 ITERATION_END = ["end"]
-BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and", "or", "xor")
-ARITHMETIC = (
-    *(f"__{r}{n}__" for n in (*BINARY, "matmul", "divmod") for r in ("", "r")),
-    *(f"__{n}__" for n in ("neg", "pos", "abs", "invert", "round", "trunc", "floor", "ceil")),
-)
+# The arithmetic the test side computes on plain values (`Handle`'s operators), and so the operators
+# a class of the code that defines them for itself keeps from crossing (`CodeSide.plain`).
+BINARY = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**"}
+BINARY |= {
+    "lshift": "<<",
+    "rshift": ">>",
+    "and": "&",
+    "or": "|",
+    "xor": "^",
+    "matmul": "@",
+    "divmod": "divmod()",
+}
+UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": abs, "invert": operator.invert}
+UNARY |= {"round": round, "trunc": math.trunc, "floor": math.floor, "ceil": math.ceil}
+ARITHMETIC = (*(f"__{r}{n}__" for n in BINARY for r in ("", "r")), *(f"__{n}__" for n in UNARY))
 MAX_STATE = 100_000  # characters of an exception's arguments and attributes on the wire, at most
 
 
@@ -245,19 +289,17 @@ class CodeSide:
             return wire.encode(value)
         except wire.NotPlainData:
             pass
-        kind, d = type(value), depth + 1
         tagged = by_value(value)
         if tagged is not None:
             return tagged
-        if depth < wire.MAX_DEPTH and (kind is list or kind is tuple):
-            return ["t" if kind is tuple else "l", [self.share(v, d, handles) for v in value]]
-        if depth < wire.MAX_DEPTH and kind is dict:
-            try:
-                return ["d", [[wire.encode(k), self.share(v, d, handles)] for k, v in value.items()]]
-            except wire.NotPlainData:  # a key that is an object of the code: the dict is one
-                pass
+        try:
+            packed = pack(wire, value, depth, lambda v, d: self.share(v, d, handles))
+        except wire.NotPlainData:  # a key that is an object of the code: the dict is one
+            packed = None
+        if packed is not None:
+            return packed
         if not handles:
-            raise wire.NotPlainData(f"a {qualified(kind)} holds no plain value")
+            raise wire.NotPlainData(f"a {qualified(type(value))} holds no plain value")
         return self.handle(value)
 
     def take(self, data, depth=0):
@@ -277,15 +319,8 @@ class CodeSide:
             if data[1] not in self.objects:
                 raise wire.NotPlainData("a handle of no object of the code under test")
             return self.objects[data[1]]
-        if type(data) is list and len(data) == 2 and data[0] in ("l", "t") and type(data[1]) is list:
-            if depth > wire.MAX_DEPTH:
-                raise wire.NotPlainData(f"nested deeper than {wire.MAX_DEPTH}")
-            items = [self.take(v, depth + 1) for v in data[1]]
-            return tuple(items) if data[0] == "t" else items
-        if type(data) is list and len(data) == 2 and data[0] == "d" and type(data[1]) is list:
-            pairs = [p for p in data[1] if type(p) is list and len(p) == 2]
-            return {wire.decode(k): self.take(v, depth + 1) for k, v in pairs}
-        return wire.decode(data)
+        unpacked = unpack(wire, data, depth, self.take)
+        return wire.decode(data) if unpacked is None else unpacked
 
     def plain(self, value):
         """The builtin value an object of a builtin type's subclass holds, as plain data, with the
@@ -356,9 +391,7 @@ class CodeSide:
         elif kind == "enter":
             return ["ok", self.share(type(value).__enter__(value))]
         elif kind == "exit":  # only the exception's builtin class: never a value or a traceback
-            raised = getattr(builtins, str(rest[0]), None) if rest[0] is not None else None
-            if not (isinstance(raised, type) and issubclass(raised, BaseException)):
-                raised = Exception if rest[0] is not None else None
+            raised = None if rest[0] is None else builtin_exception(rest[0], BaseException)
             type(value).__exit__(value, raised, None, None)
         else:
             raise ValueError(f"unknown request {kind!r}")
@@ -418,10 +451,7 @@ class CodeSide:
             if type(request) is list and len(request) == 2 and request[0] == "cbok":
                 return self.take(request[1])
             if type(request) is list and len(request) == 2 and request[0] == "cberr":
-                raised = getattr(builtins, str(request[1]), None)
-                if not (isinstance(raised, type) and issubclass(raised, Exception)):
-                    raised = Exception
-                raise raised("raised by a callable of the tests")  # its class only: no text
+                raise builtin_exception(request[1])("raised by a callable of the tests")  # its class only
             wire.send(self.sock, self.reply(request))
 
 
@@ -695,7 +725,7 @@ class Handle:
         return hash(held[0]) if held is not NO_VALUE else object.__hash__(self)
 
 
-PLAIN_CLASSES = {c.__name__: c for c in (int, float, str, bytes, tuple, list, dict, frozenset, set)}
+PLAIN_CLASSES = {base.__name__: base for base, _ in PLAIN_OF}
 HANDLE_DUNDERS = frozenset({"__name__", "__qualname__", "__module__", "__doc__", "__dict__", *PLAIN_DUNDERS})
 
 
@@ -743,21 +773,14 @@ def _equality(same):
 Handle.__eq__, Handle.__ne__ = _equality(True), _equality(False)
 for _name, _symbol in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">=")):
     setattr(Handle, f"__{_name}__", _binary(getattr(operator, _name), _symbol))
-for _name, _symbol in (
-    *(("add", "+"), ("sub", "-"), ("mul", "*"), ("truediv", "/"), ("floordiv", "//"), ("mod", "%")),
-    *(("pow", "**"), ("lshift", "<<"), ("rshift", ">>"), ("and", "&"), ("or", "|"), ("xor", "^")),
-    *(("matmul", "@"),),
-):
-    _function = getattr(operator, f"{_name}_" if _name in ("and", "or") else _name)
+for _name, _symbol in BINARY.items():
+    _function = (
+        divmod if _name == "divmod" else getattr(operator, f"{_name}_" if _name in ("and", "or") else _name)
+    )
     _own = (f"__{_name}__", f"__r{_name}__")
     setattr(Handle, f"__{_name}__", _binary(_function, _symbol, _own))
     setattr(Handle, f"__r{_name}__", _binary(_function, _symbol, _own, reflected=True))
-Handle.__divmod__ = _binary(divmod, "divmod()", ("__divmod__", "__rdivmod__"))
-Handle.__rdivmod__ = _binary(divmod, "divmod()", ("__divmod__", "__rdivmod__"), reflected=True)
-for _name, _function in (
-    *(("neg", operator.neg), ("pos", operator.pos), ("abs", abs), ("invert", operator.invert)),
-    *(("round", round), ("trunc", math.trunc), ("floor", math.floor), ("ceil", math.ceil)),
-):
+for _name, _function in UNARY.items():
     setattr(Handle, f"__{_name}__", _unary(_function, f"{_name}()", (f"__{_name}__",)))
 for _name, _function in (("int", int), ("float", float), ("complex", complex), ("index", operator.index)):
     setattr(Handle, f"__{_name}__", _unary(_function, f"{_name}()"))
@@ -773,8 +796,7 @@ class Boundary:
         self.paths = paths  # after the standard library: the environment, then the repository
         self.cwd = cwd
         self.env = env
-        self.sock = None
-        self.pid = self.process = None
+        self.sock = self.process = None
         self.dead = ""
         self.exceptions = {}
         self.names = frozenset()  # the repository's top-level module names (RepositoryFinder's)
@@ -818,7 +840,12 @@ class Boundary:
         theirs.close()
         # kept, and waited for in `restart`: a Popen dropped while its process runs warns
         # (ResourceWarning), an error under a project's `filterwarnings = error` (toolz)
-        self.sock, self.pid, self.process = ours, process.pid, process
+        self.sock, self.process = ours, process
+
+    @property
+    def pid(self):
+        """The code process's pid (None: none started)."""
+        return self.process.pid if self.process is not None else None
 
     def restart(self):
         """Ends the code process (its next request starts a fresh one): nothing the code kept in
@@ -828,7 +855,7 @@ class Boundary:
             with contextlib.suppress(OSError):
                 os.killpg(self.pid, signal.SIGKILL)
             self.process.wait()  # reaped already by `exit_description`: Popen takes that as done
-        self.sock = self.pid = self.process = None
+        self.sock = self.process = None
         self.dead = ""
         self.generation += 1
         self.handles.clear()
@@ -944,7 +971,7 @@ class Boundary:
         item), handles back to their objects, the code's functions by name, and the tests' own
         callables as numbers (`call_back` runs them); nothing else crosses."""
         wire = self.wire
-        kind, d = type(value), depth + 1
+        kind = type(value)
         if kind is Handle:
             return ["h", self.number_of(value)]
         tagged = by_value(value)
@@ -952,10 +979,9 @@ class Boundary:
             return tagged
         if kind is types.FunctionType and value in self.stubs:
             return ["n", self.stubs[value]]
-        if depth < wire.MAX_DEPTH and (kind is list or kind is tuple):
-            return ["t" if kind is tuple else "l", [self.give(v, d) for v in value]]
-        if depth < wire.MAX_DEPTH and kind is dict:
-            return ["d", [[wire.encode(k), self.give(v, d)] for k, v in value.items()]]
+        packed = pack(wire, value, depth, self.give)
+        if packed is not None:
+            return packed
         try:
             return wire.encode(value)
         except wire.NotPlainData as exc:
@@ -984,15 +1010,8 @@ class Boundary:
             return handle
         if type(data) is list and data and data[0] in VALUE_TAGS:
             return from_value(wire, data)
-        if type(data) is list and len(data) == 2 and data[0] in ("l", "t", "d") and type(data[1]) is list:
-            if depth > wire.MAX_DEPTH:
-                raise wire.NotPlainData(f"nested deeper than {wire.MAX_DEPTH}")
-            if data[0] == "d":
-                pairs = [p for p in data[1] if type(p) is list and len(p) == 2]
-                return {wire.decode(k): self.receive(v, depth + 1) for k, v in pairs}
-            items = [self.receive(v, depth + 1) for v in data[1]]
-            return tuple(items) if data[0] == "t" else items
-        return wire.decode(data)
+        unpacked = unpack(wire, data, depth, self.receive)
+        return wire.decode(data) if unpacked is None else unpacked
 
     def call_back(self, message):
         """A callable of the tests, called by the code under test with what it passed; the reply
@@ -1008,13 +1027,10 @@ class Boundary:
             named = {str(p[0]): self.receive(p[1]) for p in kwargs if type(p) is list and len(p) == 2}
             result = self.callbacks[number](*(self.receive(a) for a in args), **named)
             return ["cbok", self.give(result)]
-        except self.wire.NotPlainData as exc:
-            self.pending = self.pending or exc
-            return ["cberr", "Exception"]
-        except Exception as exc:
-            return ["cberr", builtin_base(type(exc))]
         except BaseException as exc:
-            self.pending = self.pending or exc
+            if isinstance(exc, Exception) and not isinstance(exc, self.wire.NotPlainData):
+                return ["cberr", builtin_base(type(exc))]
+            self.pending = self.pending or exc  # pytest's outcomes, or what cannot cross
             return ["cberr", "Exception"]
 
 
