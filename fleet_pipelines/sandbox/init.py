@@ -61,6 +61,7 @@ MAX_DEPTH = 64
 SETUP_FAILED = 125
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+MB = 1024 * 1024
 HASH_SEED = "0"  # the program's `PYTHONHASHSEED` (run_script); a repository job's commands have it too
 ADDR_NO_RANDOMIZE = 0x0040000  # personality(2): the program's addresses, and so 3.11's hash(None)
 
@@ -508,12 +509,11 @@ def run_tests(spec, result_fd, control, spawner_pid):
 
 
 def set_limits(limits):
-    mb = 1024 * 1024
     for kind, value in (
         (resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1)),
-        (resource.RLIMIT_AS, (limits["address_space_mb"] * mb,) * 2),
+        (resource.RLIMIT_AS, (limits["address_space_mb"] * MB,) * 2),
         (resource.RLIMIT_NPROC, (limits["processes"],) * 2),
-        (resource.RLIMIT_FSIZE, (limits["max_file_mb"] * mb,) * 2),
+        (resource.RLIMIT_FSIZE, (limits["max_file_mb"] * MB,) * 2),
         (resource.RLIMIT_NOFILE, (256, 256)),
         (resource.RLIMIT_CORE, (0, 0)),
         (resource.RLIMIT_MSGQUEUE, (0, 0)),  # POSIX message queues: memory outside the address space
@@ -559,10 +559,10 @@ def main():
         os._exit(SETUP_FAILED)
     if mode == "tests":
         run_tests(spec, result_fd, control, spawner_pid)
-    run_script(spec["env"])
+    run_script(spec["env"], spec["limits"])
 
 
-def run_script(env):
+def run_script(env, limits):
     """pid 1 forks the program and waits for it: the program is no pid 1 (so the kernel's
     SIGXCPU and its own signals act on it as on any process), and pid 1, which it can neither
     write to (non-dumpable) nor signal, reports its end as bwrap would: its exit code, or 128 + N
@@ -572,7 +572,10 @@ def run_script(env):
     order in every run, so pytest's ids of parameters taken from one are the same on the base and
     after every patch (isodate 0.7.2's `expected20`; its set holds a tuple with None, whose hash
     is its address until Python 3.12). Untrusted code already runs in the program's processes:
-    fixed addresses give it nothing it lacks."""
+    fixed addresses give it nothing it lacks. Where the limits give pid 1 and the program address
+    spaces of their own (a program of ours, without a cgroup: `setup.bound`), pid 1 takes its own
+    once the program is started, and the program starts under its own as a soft limit: the
+    processes it starts raise theirs to the hard limit."""
     ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # then pid 1 ignores every signal the program sends
     program = os.fork()
@@ -582,7 +585,12 @@ def run_script(env):
         env = {k: v for k, v in env.items() if not k.startswith("PYTHON")} | {"PYTHONHASHSEED": HASH_SEED}
         libc = ctypes.CDLL(None, use_errno=True)
         libc.personality(libc.personality(0xFFFFFFFF) | ADDR_NO_RANDOMIZE)  # refused: randomized
+        if limits.get("program_mb"):
+            hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+            resource.setrlimit(resource.RLIMIT_AS, (limits["program_mb"] * MB, hard))
         os.execve(python, [python, "-B", "-s", "main.py"], env)
+    if limits.get("pid1_mb"):
+        resource.setrlimit(resource.RLIMIT_AS, (limits["pid1_mb"] * MB,) * 2)
     while True:  # orphans are reparented here: reap them too
         pid, status = os.waitpid(-1, 0)
         if pid == program:

@@ -110,10 +110,14 @@ def run_python(
     files: dict[str, str] | None = None,
     mounts: dict[str, str] | None = None,
     tools: tuple[str, ...] = (),
+    program_mb: int = 0,
 ) -> SandboxResult:
     """Runs `source` as main.py in a fresh work dir holding `files` (relative path -> text).
     `mounts` (name -> host dir) appear read-only at /mnt/NAME; `tools` (host executables such as
-    git) at /fleet/bin/NAME, read-only, with the libraries they load."""
+    git) at /fleet/bin/NAME, read-only, with the libraries they load. `program_mb`: the source is
+    ours and runs no untrusted code in its own process, which is then held to that address space
+    (its soft limit; its children raise theirs to the hard limit) where no cgroup holds the run,
+    leaving the rest to the processes it starts (`setup.bound`)."""
     setup = _setup()
     if isinstance(setup, tuple):
         return _refused("script", f"no isolation: {setup[1]}", "")
@@ -121,7 +125,8 @@ def run_python(
         extra = [*mount_binds(setup, mounts or {}), *tool_binds(tuple(tools), setup.own_uid)]
     except Unavailable as exc:  # the runtime folder is another user's: no readable copy of a tool
         return _refused("script", f"no isolation: {OWN_UID}: {exc}", setup.isolation())
-    return _run(setup, "script", {**(files or {}), "main.py": source}, limits, extra_binds=extra)
+    files = {**(files or {}), "main.py": source}
+    return _run(setup, "script", files, limits, extra_binds=extra, program_mb=program_mb)
 
 
 def run_tests(
@@ -237,9 +242,10 @@ def _run(
     limits: SandboxLimits,
     harness: dict | None = None,
     extra_binds: list[str] | None = None,
+    program_mb: int = 0,
 ):
     _check_names(files)
-    held = bound(limits, setup.cgroup is not None)
+    held = bound(limits, setup.cgroup is not None, program_mb)
     if isinstance(held, str):
         return _refused(mode, f"not run: {held}", setup.isolation())
     spec = {
@@ -249,6 +255,8 @@ def _run(
             "cpu_s": max(1, int(limits.cpu_s)),
             "address_space_mb": held.address_space_mb,
             "processes": held.processes,
+            "pid1_mb": held.pid1_mb,
+            "program_mb": held.program_mb,
             "max_file_mb": limits.max_file_mb,
         },
         **(harness or {}),
@@ -325,7 +333,7 @@ def _run(
         for fd in opened:
             os.close(fd)
     returncode = process.returncode
-    isolation = setup.isolation(limits)
+    isolation = setup.isolation(limits, program_mb)
     if not started:  # only bwrap and init.py ran: what they printed is theirs
         why = "wall time limit reached" if timed_out else f"exit code {returncode}"
         status, reason = "error", f"sandbox setup failed ({why}): {stderr.strip()[-300:]}"

@@ -63,8 +63,10 @@ OWN_UID = "as root every run needs its own unprivileged uid (never host uid 0)"
 # sandboxes share the read-only interpreter files, so a lock on one is seen by all), inotify,
 # fanotify and dnotify (another sandbox's opens and reads of those shared files), System V shared
 # memory and message queues (pages held by no process, so in no rlimit's count). socket() only
-# for AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK (no AF_VSOCK, ...).
-# (audit arch, name -> number, socket, fcntl) per machine.
+# for AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK (no AF_VSOCK, ...). prlimit64 only on the caller
+# itself (pid 0, as setrlimit and getrlimit call it): another process's limits are not the code's
+# to raise (a program of ours is held below its hard limit, `bound`).
+# (audit arch, name -> number, socket, fcntl, prlimit64) per machine.
 _DENIED_SYSCALLS = {
     "x86_64": (
         0xC000003E,
@@ -92,6 +94,7 @@ _DENIED_SYSCALLS = {
         },
         41,
         72,
+        302,
     ),
     "aarch64": (
         0xC00000B7,
@@ -118,6 +121,7 @@ _DENIED_SYSCALLS = {
         },
         198,
         25,
+        261,
     ),
 }
 _SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
@@ -129,12 +133,12 @@ _FCNTL_LOCKS = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
 @functools.cache
 def seccomp_filter() -> bytes | None:
     """A classic-BPF seccomp program for bwrap's --seccomp: EPERM for the denied syscalls, for
-    socket() of another family, for fcntl()'s lock commands, for any other ABI (32-bit, x32) and
-    nothing else; None on a machine not in the table."""
+    socket() of another family, for fcntl()'s lock commands, for prlimit64() on another process,
+    for any other ABI (32-bit, x32) and nothing else; None on a machine not in the table."""
     entry = _DENIED_SYSCALLS.get(platform.machine())
     if entry is None:
         return None
-    arch, numbers, socket_nr, fcntl_nr = entry
+    arch, numbers, socket_nr, fcntl_nr, prlimit_nr = entry
     ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
     allow, eperm = 0x7FFF0000, 0x00050000 | errno.EPERM
     arg0, arg1 = 16, 24  # seccomp_data.args[i], low 32 bits (little-endian machines only)
@@ -147,7 +151,11 @@ def seccomp_filter() -> bytes | None:
         *((jeq, "deny", 0, nr) for nr in sorted(numbers.values())),
         (jeq, "socket", 0, socket_nr),
         (jeq, "fcntl", 0, fcntl_nr),
+        (jeq, "prlimit", 0, prlimit_nr),
         (ret, 0, 0, allow),
+        "prlimit",
+        (ld_abs, 0, 0, arg0),
+        (jeq, "allow", "deny", 0),
         "socket",
         (ld_abs, 0, 0, arg0),
         *((jeq, "allow", 0, family) for family in _SOCKET_FAMILIES),
@@ -185,6 +193,18 @@ def seccomp_filter() -> bytes | None:
 _PROCESS_SHARE_MB = 128
 _MIN_PROCESS_MB = 48
 _MIN_PROCESSES = 2
+# A program of ours (`run_python(..., program_mb=N)`: the repository job) runs no untrusted code in
+# its own process, nor does pid 1 once it has started it: each is held to an address space of its
+# own (pid 1's: PID1_MB; its peak is 15 MB) and the untrusted processes share the rest. Neither
+# share can pass to untrusted code: the code cannot signal pid 1 (it ignores every signal), and the
+# program's end ends pid 1 and with it the whole pid namespace; nor can the code raise the
+# program's soft limit (seccomp: no prlimit64 on another process). The rest is shared by as many
+# processes as get _OWN_PROGRAM_SHARE_MB each (at least one): one pytest process running
+# more-itertools' whole suite peaks at 142 MB, and 1024 MB gives the repository job 4 such
+# processes (its zygote, a test process, a code process, and a subprocess or thread) of 170 MB
+# where it had 6 of 128 MB, two of them pid 1 and the job.
+PID1_MB = 24
+_OWN_PROGRAM_SHARE_MB = 160
 # With a cgroup (which holds what is touched), a process's address space is the memory limit plus
 # what each task the process limit allows may reserve and never touch: a thread is a task (counted
 # by pids and RLIMIT_NPROC) and reserves a glibc malloc arena (64 MB) and its stack (8 MB). Held to
@@ -199,28 +219,39 @@ class Bound:
     threads), and the sizes of the tmpfs /work and /dev/shm. With a cgroup these are the
     `SandboxLimits` as given, the address space with room for each task's untouched reservations,
     and the cgroup holds the total; without one they are shrunk so that `total_mb` (what the run
-    can hold at most) is within `memory_mb`."""
+    can hold at most) is within `memory_mb`. `pid1_mb` and `program_mb` (0: none of their own):
+    the address spaces pid 1 and a program of ours are held to, each counted in `processes`."""
 
     address_space_mb: int
     processes: int
     work_mb: int
     shm_mb: int
+    pid1_mb: int = 0
+    program_mb: int = 0
 
     @property
     def total_mb(self) -> int:
-        return self.address_space_mb * self.processes + self.work_mb + self.shm_mb
+        own = [mb for mb in (self.pid1_mb, self.program_mb) if mb]
+        shared = self.address_space_mb * (self.processes - len(own))
+        return sum(own) + shared + self.work_mb + self.shm_mb
 
     def describe(self, memory_mb: int) -> str:
+        own = (
+            f"{self.pid1_mb} MB (pid 1) + {self.program_mb} MB (our program) + "
+            f"{self.address_space_mb} MB address space per process x {self.processes - 2} others"
+            if self.program_mb
+            else f"{self.address_space_mb} MB address space per process x {self.processes} processes"
+        )
         return (
             f"memory bound for the whole sandbox {self.total_mb} MB <= memory limit {memory_mb} MB: "
-            f"{self.address_space_mb} MB address space per process x {self.processes} processes + "
-            f"{self.work_mb} MB /work + {self.shm_mb} MB /dev/shm"
+            f"{own} + {self.work_mb} MB /work + {self.shm_mb} MB /dev/shm"
         )
 
 
-def bound(limits: SandboxLimits, cgroup: bool) -> Bound | str:
-    """The limits of a run under `limits` (`cgroup`: a cgroup holds the whole sandbox), or why
-    such a run cannot be held within its memory limit without a cgroup."""
+def bound(limits: SandboxLimits, cgroup: bool, program_mb: int = 0) -> Bound | str:
+    """The limits of a run under `limits` (`cgroup`: a cgroup holds the whole sandbox;
+    `program_mb`: the program is ours, held to that address space), or why such a run cannot be
+    held within its memory limit without a cgroup."""
     if cgroup:
         address_space = limits.memory_mb + limits.max_processes * _TASK_RESERVE_MB
         return Bound(address_space, limits.max_processes, limits.work_dir_mb, limits.work_dir_mb)
@@ -228,15 +259,21 @@ def bound(limits: SandboxLimits, cgroup: bool) -> Bound | str:
     shm = max(1, min(limits.work_dir_mb, memory // 16))  # a tmpfs of size 0 would be unlimited
     work = max(1, min(limits.work_dir_mb, memory // 4 - shm))
     rest = memory - work - shm
-    processes = min(limits.max_processes, max(_MIN_PROCESSES, rest // _PROCESS_SHARE_MB))
-    address_space = min(memory, rest // max(1, processes))
+    shared = rest - PID1_MB - program_mb
+    others = min(limits.max_processes - 2, max(1, shared // _OWN_PROGRAM_SHARE_MB))
+    if program_mb and others >= 1:
+        address_space = min(memory, shared // others)
+        processes, own = others + 2, {"pid1_mb": PID1_MB, "program_mb": program_mb}
+    else:
+        processes = min(limits.max_processes, max(_MIN_PROCESSES, rest // _PROCESS_SHARE_MB))
+        address_space, own = min(memory, rest // max(1, processes)), {}
     if address_space < _MIN_PROCESS_MB:
         return (
             f"memory limit {memory} MB cannot hold a run without a writable cgroup: "
             f"{processes} processes of at least {_MIN_PROCESS_MB} MB address space + {work} MB /work + "
             f"{shm} MB /dev/shm"
         )
-    return Bound(address_space, processes, work, shm)
+    return Bound(address_space, processes, work, shm, **own)
 
 
 @dataclass(frozen=True)
@@ -272,13 +309,14 @@ class Setup:
     proc: bool = True  # a fresh /proc; False where the runtime masks /proc (then none at all)
     own_uid: bool = False  # root: each run as its own unprivileged uid (`sandbox_uid`)
 
-    def isolation(self, limits: SandboxLimits | None = None) -> str:
-        """The isolation in force; with `limits`, the exact memory bound of a run under them."""
+    def isolation(self, limits: SandboxLimits | None = None, program_mb: int = 0) -> str:
+        """The isolation in force; with `limits` (and `program_mb`, as `bound` takes it), the exact
+        memory bound of a run under them."""
         if self.cgroup:
             held = self.cgroup.describe()
         else:
             held = "rlimits per process (no writable cgroup)"
-            run = bound(limits, cgroup=False) if limits is not None else None
+            run = bound(limits, cgroup=False, program_mb=program_mb) if limits is not None else None
             if isinstance(run, Bound) and limits is not None:
                 held += f"; {run.describe(limits.memory_mb)}"
         proc = "" if self.proc else ", no /proc (the runtime masks its own)"

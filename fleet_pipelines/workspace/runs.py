@@ -52,7 +52,9 @@ class RepoRunLimits(SandboxLimits):
     """Limits of one repository run: the sandbox's (the same fields), with room for a repository
     and its tests, and a time limit for each command of the run. Threads count as processes
     (pids, RLIMIT_NPROC): 128 leaves room for a test's 100 threads (more-itertools' concurrent_tee
-    test) beside the job's own processes."""
+    test) beside the job's own processes. `job_mb`: where no cgroup holds the run, the address
+    space of the job itself (sandbox_job.py, ours), whose processes share the rest
+    (`sandbox.setup.bound`): its peak was 43 MB with more-itertools' plan and pytest imported."""
 
     wall_s: float = 120.0
     cpu_s: float = 60.0
@@ -62,6 +64,7 @@ class RepoRunLimits(SandboxLimits):
     max_output_chars: int = 400_000
     work_dir_mb: int = 512
     command_timeout_s: float = 90.0
+    job_mb: int = 64
 
 
 def _run_job(workspace: Workspace, job: dict, limits: RepoRunLimits) -> tuple[dict | None, SandboxResult]:
@@ -85,7 +88,9 @@ def _run_job(workspace: Workspace, job: dict, limits: RepoRunLimits) -> tuple[di
     files = {"job.json": json.dumps(job)}
     if job.get("visible_args") is not None and job.get("patch") is not None:
         files["zygote"] = ""  # plain pytest runs: the job starts its zygote before reading the job
-    result = run_python(_JOB.read_text(), limits, files=files, mounts=mounts, tools=tools)
+    result = run_python(
+        _JOB.read_text(), limits, files=files, mounts=mounts, tools=tools, program_mb=limits.job_mb
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith(REPORT_MARK)]
     if not lines:
         return None, result

@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import resource
 import select
 import shlex
 import shutil
@@ -42,6 +43,7 @@ WORK = "/work"
 REPO = "/work/repo"
 EXCERPT = 1_500
 MAX_FAILING = 50
+OUTPUT_KEPT = 4 * 1024 * 1024  # bytes of a command's output kept, head and tail (`drain`)
 # The sample's session on the base stops after max(SAMPLE_MIN_S, SAMPLE_PLAIN_RATIO x the plain
 # run): what crossed by then is the plan's sample, the rest is not sampled (a project whose tests
 # cross slowly, as more-itertools' iterators without a cgroup, no longer makes a first job long).
@@ -177,19 +179,37 @@ def in_process_environment(job, cwd):
     return env
 
 
+def own_address_space():
+    """Where no cgroup holds the run, this program is held to an address space below its hard
+    limit (the sandbox's `program_mb`): a process it starts takes the hard limit, which every
+    process of the code under test may have."""
+    resource.setrlimit(resource.RLIMIT_AS, (resource.getrlimit(resource.RLIMIT_AS)[1],) * 2)
+
+
 def run(argv, cwd, env, timeout_s):
+    """The exit code of a command (None: it timed out), its stdout then stderr (each kept as
+    `drain` keeps output), and its wall."""
     start = time.monotonic()
     try:
-        done = subprocess.run(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s
+        process = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=own_address_space,
         )
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"") + (exc.stderr or b"")
-        return None, out.decode(errors="replace"), time.monotonic() - start
     except OSError as exc:
         return 127, f"cannot run {argv[0]}: {exc}", time.monotonic() - start
-    out = done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
-    return done.returncode, out, time.monotonic() - start
+    with process:
+        streams = [process.stdout.fileno(), process.stderr.fileno()]
+        data, finished = drain(streams, timeout_s, bounded=streams)
+        if not finished:
+            process.kill()
+        code = process.wait()
+    out = b"".join(data[fd] for fd in streams).decode(errors="replace")
+    return code if finished else None, out, time.monotonic() - start
 
 
 def junit_counts(path):
@@ -401,6 +421,7 @@ class Zygote:
         self.pid = os.fork()
         if self.pid == 0:
             try:
+                own_address_space()
                 ours.close()
                 zygote_serve(theirs)
             finally:
@@ -785,9 +806,34 @@ class Job:
         os.makedirs("/work/.fleet", exist_ok=True)
 
 
-def drain(fds, timeout_s):
-    """Everything written to `fds` until each is closed or `timeout_s` passed; False: timed out."""
-    chunks = {fd: [] for fd in fds}
+class Kept:
+    """What a stream wrote; with `half`, only its first and last `half` bytes (what the code under
+    test prints cannot fill this program's memory)."""
+
+    def __init__(self, half=None):
+        self.half, self.head, self.tail, self.left_out = half, bytearray(), bytearray(), 0
+
+    def add(self, data):
+        if self.half is None:
+            self.head += data
+            return
+        room = max(0, self.half - len(self.head))
+        self.head += data[:room]
+        self.tail += data[room:]
+        if len(self.tail) > self.half:
+            cut = len(self.tail) - self.half
+            self.left_out += cut
+            del self.tail[:cut]
+
+    def value(self):
+        mark = b"\n... (%d bytes left out) ...\n" % self.left_out if self.left_out else b""
+        return bytes(self.head) + mark + bytes(self.tail)
+
+
+def drain(fds, timeout_s, bounded=()):
+    """What was written to `fds` until each is closed or `timeout_s` passed (False: timed out);
+    of those in `bounded`, the first and last OUTPUT_KEPT / 2 bytes."""
+    kept = {fd: Kept(OUTPUT_KEPT // 2 if fd in bounded else None) for fd in fds}
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)
@@ -796,15 +842,15 @@ def drain(fds, timeout_s):
     while open_fds:
         left = deadline - time.monotonic()
         if left <= 0:
-            return {fd: b"".join(c) for fd, c in chunks.items()}, False
+            return {fd: k.value() for fd, k in kept.items()}, False
         for fd, _event in poller.poll(left * 1000):
             data = os.read(fd, 65536)
             if data:
-                chunks[fd].append(data)
+                kept[fd].add(data)
             else:
                 poller.unregister(fd)
                 open_fds.discard(fd)
-    return {fd: b"".join(c) for fd, c in chunks.items()}, True
+    return {fd: k.value() for fd, k in kept.items()}, True
 
 
 def doctest_options(args):
@@ -877,6 +923,7 @@ def session(state, boundary, job, args=None, hidden=None, timeout_s=None):
     pid = os.fork()
     if pid == 0:  # the test process
         try:
+            own_address_space()
             os.close(results_r)
             os.close(out_r)
             os.dup2(out_w, 1)
@@ -887,7 +934,9 @@ def session(state, boundary, job, args=None, hidden=None, timeout_s=None):
             os._exit(70)
     os.close(results_w)
     os.close(out_w)
-    data, finished = drain([results_r, out_r], job["timeout_s"] if timeout_s is None else timeout_s)
+    data, finished = drain(
+        [results_r, out_r], job["timeout_s"] if timeout_s is None else timeout_s, bounded=[out_r]
+    )
     os.close(results_r)
     os.close(out_r)
     kill_all()

@@ -65,7 +65,8 @@ _DRIVER = textwrap.dedent(
     def call(req):
         limits = SandboxLimits(**req["limits"])
         if req["kind"] == "python":
-            return {"result": dataclasses.asdict(sandbox.run_python(req["source"], limits, req["files"]))}
+            result = sandbox.run_python(req["source"], limits, req["files"], program_mb=req["program_mb"])
+            return {"result": dataclasses.asdict(result)}
         examples = [tuple(e) for e in req["examples"]]
         run = sandbox.run_tests(req["solution"], examples, req["tests"], limits, req["entry_points"])
         return {"result": dataclasses.asdict(run.result), "outcomes": run.outcomes,
@@ -80,8 +81,17 @@ _DRIVER = textwrap.dedent(
 )
 
 
-def python_call(source: str, limits: SandboxLimits = LIMITS, files: dict | None = None) -> dict:
-    return {"kind": "python", "source": source, "limits": dataclasses.asdict(limits), "files": files or {}}
+def python_call(
+    source: str, limits: SandboxLimits = LIMITS, files: dict | None = None, program_mb: int = 0
+) -> dict:
+    """A run_python request (`program_mb`: the program is ours, as `run_python` takes it)."""
+    return {
+        "kind": "python",
+        "source": source,
+        "limits": dataclasses.asdict(limits),
+        "files": files or {},
+        "program_mb": program_mb,
+    }
 
 
 def harness_call(
@@ -100,7 +110,9 @@ def harness_call(
 def _in_process(request: dict) -> SandboxResult | TestRun:
     limits = SandboxLimits(**request["limits"])
     if request["kind"] == "python":
-        return sandbox.run_python(request["source"], limits, request["files"])
+        return sandbox.run_python(
+            request["source"], limits, request["files"], program_mb=request["program_mb"]
+        )
     examples = [tuple(e) for e in request["examples"]]
     return sandbox.run_tests(request["solution"], examples, request["tests"], limits, request["entry_points"])
 

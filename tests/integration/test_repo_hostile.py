@@ -483,7 +483,9 @@ _HOSTILE_DRIVER = textwrap.dedent(
     for line in sys.stdin:
         req = json.loads(line)
         limits = SandboxLimits(**{k: v for k, v in req["limits"].items() if k in fields})
-        result = sandbox.run_python(req["source"], limits, req["files"], req["mounts"], tuple(req["tools"]))
+        result = sandbox.run_python(
+            req["source"], limits, req["files"], req["mounts"], tuple(req["tools"]), req["program_mb"]
+        )
         print(json.dumps(dataclasses.asdict(result)), flush=True)
     """
 )
@@ -800,7 +802,7 @@ def judged_repository(identity: str, files: dict[str, str], hidden: str) -> Iter
             ok, why = json.loads(driver.stdout.readline())
             assert ok == runs_anything, why
 
-            def run_python(source, limits, files=None, mounts=None, tools=()):
+            def run_python(source, limits, files=None, mounts=None, tools=(), program_mb=0):
                 tools = tuple(t for t in tools if sandbox_readable(t))
                 request_line = {
                     "source": source,
@@ -808,6 +810,7 @@ def judged_repository(identity: str, files: dict[str, str], hidden: str) -> Iter
                     "files": files or {},
                     "mounts": mounts or {},
                     "tools": list(tools),
+                    "program_mb": program_mb,
                 }
                 driver.stdin.write(json.dumps(request_line) + "\n")
                 driver.stdin.flush()

@@ -244,8 +244,9 @@ def test_no_set_id_bit_can_take_effect(box: Box):
 
 
 def test_tracing_and_kernel_surface_syscalls_are_refused(box: Box):
-    """ptrace (even PTRACE_TRACEME), process_vm_*, bpf, perf, userfaultfd, keyrings, io_uring:
-    EPERM from the seccomp filter, while an ordinary syscall works."""
+    """ptrace (even PTRACE_TRACEME), process_vm_*, bpf, perf, userfaultfd, keyrings, io_uring,
+    and prlimit64 on another process (its parent's limits): EPERM from the seccomp filter, while
+    an ordinary syscall, and setting and reading one's own limits, work."""
     if platform.machine() not in sandbox_setup._DENIED_SYSCALLS:
         pytest.fail(f"no seccomp table for {platform.machine()}")
     numbers = sandbox_setup._DENIED_SYSCALLS[platform.machine()][1]
@@ -257,13 +258,25 @@ def test_tracing_and_kernel_surface_syscalls_are_refused(box: Box):
             ctypes.set_errno(0)
             print(name, libc.syscall(nr, 0, 0, 0, 0, 0), ctypes.get_errno())
         print("getpid", libc.getpid() > 0)
+        import resource, sys
+        sys.stdout.flush()
+        if os.fork() == 0:
+            try:
+                resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (64, 64))
+                print("prlimit parent 0")
+            except OSError as exc:
+                print("prlimit parent", exc.errno)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (64, 256))
+            print("own", resource.prlimit(0, resource.RLIMIT_NOFILE), flush=True)
+            os._exit(0)
+        os.wait()
         """
     )
     result = box.python(program)
     assert result.status == "passed", result.stderr
     lines = result.stdout.splitlines()
-    assert lines[:-1] == [f"{name} -1 1" for name in sorted(numbers)], result.stdout
-    assert lines[-1] == "getpid True"
+    assert lines[:-3] == [f"{name} -1 1" for name in sorted(numbers)], result.stdout
+    assert lines[-3:] == ["getpid True", "prlimit parent 1", "own (64, 256)"], result.stdout
     assert "; seccomp deny-list" in result.isolation
 
 

@@ -194,12 +194,45 @@ FILLS_THE_WORK_DIR = textwrap.dedent(
 )
 
 
+OUR_PROGRAM = textwrap.dedent(
+    """
+    import os, resource
+    MB = 1 << 20
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    print("program", soft // MB, hard // MB)
+    pid1 = [line for line in open("/proc/1/limits") if line.startswith("Max address space")]
+    print("pid 1", int(pid1[0].split()[3]) // MB)
+    try:
+        block = bytearray(80 * MB)
+        print("program allocated 80")
+    except MemoryError:
+        print("program refused 80", flush=True)
+    pid = os.fork()
+    if pid == 0:  # a process of the code under test
+        for target in (os.getppid(), 1):
+            try:
+                resource.prlimit(target, resource.RLIMIT_AS, (hard, hard))
+                print("raised", target)
+            except OSError as exc:
+                print("prlimit refused", exc.errno)
+        resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+        block = bytearray(120 * MB)
+        print("child allocated 120", flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    """
+)
+
+
 def test_without_a_writable_cgroup_the_limits_shrink_to_hold_the_memory_limit():
     """As uid 65534 without a delegated cgroup: per-process rlimits, each sandbox in its own user
     namespace (RLIMIT_NPROC per namespace), so a neighbour's fork bomb still cannot starve it;
     the address space, the process count and the tmpfs sizes shrink so that together they stay
     within the memory limit (4 x 100 MiB held against 256 MiB before they did), the evidence
-    states that bound, and a limit too small to hold any run is refused, never run unbounded."""
+    states that bound, and a limit too small to hold any run is refused, never run unbounded.
+    A program of ours (`program_mb`, the repository job) and pid 1 are held to address spaces of
+    their own, which the code under test cannot raise, and the processes it starts share the
+    rest: 4 of 170 MB under 1024 MB, where they were 6 of 128 MB counting pid 1 and the job."""
     if not (os.geteuid() == 0 and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)):
         pytest.fail("needs root (to drop to uid 65534), setpriv and /usr/bin/python3")
     driver = _driver([])
@@ -210,12 +243,13 @@ def test_without_a_writable_cgroup_the_limits_shrink_to_hold_the_memory_limit():
         assert plain.python("open('/etc/passwd')").status == "failed"
         limits = SandboxLimits(wall_s=15, cpu_s=5, memory_mb=256, max_processes=16, max_file_mb=1024)
         repo_like = SandboxLimits(wall_s=15, cpu_s=5, memory_mb=1024, max_processes=64, work_dir_mb=512)
-        held, filled, repo, refused = plain.many(
+        held, filled, repo, refused, ours = plain.many(
             [
                 python_call(HOLDERS, limits),
                 python_call(FILLS_THE_WORK_DIR, limits),
                 python_call(FILLS_THE_WORK_DIR, dataclasses.replace(repo_like, max_file_mb=1024)),
                 python_call("print('ran')", SandboxLimits(memory_mb=100)),
+                python_call(OUR_PROGRAM, repo_like, program_mb=64),
             ]
         )
         assert "held" not in held.stdout or int(held.stdout.split()[-1]) < 4, held
@@ -229,6 +263,16 @@ def test_without_a_writable_cgroup_the_limits_shrink_to_hold_the_memory_limit():
         assert "192 MB /work + 64 MB /dev/shm" in repo.isolation, repo
         assert refused.status == "not_run" and refused.stdout == "", refused
         assert "memory limit 100 MB cannot hold a run without a writable cgroup" in refused.reason
+        assert ours.stdout.split("\n")[:-1] == [
+            "program 64 170",
+            "pid 1 24",
+            "program refused 80",
+            "prlimit refused 1",  # EPERM (seccomp), for the program
+            "prlimit refused 1",  # and for pid 1
+            "child allocated 120",
+        ], ours
+        own = "24 MB (pid 1) + 64 MB (our program) + 170 MB address space per process x 4 others"
+        assert f"memory bound for the whole sandbox 1024 MB <= memory limit 1024 MB: {own}" in ours.isolation
     finally:
         driver.stdin.close()
         driver.wait(timeout=30)

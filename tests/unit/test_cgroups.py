@@ -4,6 +4,7 @@ The v1 layout is exercised for real by tests/integration/test_sandbox_*.py."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from fleet_pipelines.sandbox import cgroups
@@ -81,15 +82,20 @@ def test_without_a_cgroup_what_a_run_can_hold_fits_its_memory_limit_or_it_is_ref
     repo = SandboxLimits(memory_mb=1024, max_processes=64, work_dir_mb=512)
     assert bound(repo, cgroup=False) == Bound(128, 6, 192, 64)  # 1 GiB of tmpfs asked for
     assert bound(repo, cgroup=True) == Bound(1024 + 64 * 72, 64, 512, 512)
+    # a program of ours: pid 1 (24 MB) and the program held apart, 4 processes of 170 MB share the rest
+    assert bound(repo, cgroup=False, program_mb=64) == Bound(170, 6, 192, 64, pid1_mb=24, program_mb=64)
+    assert bound(repo, cgroup=True, program_mb=64) == bound(repo, cgroup=True)  # the cgroup holds it all
     refused = bound(SandboxLimits(memory_mb=100), cgroup=False)
     assert isinstance(refused, str) and refused.startswith("memory limit 100 MB cannot hold a run")
     for memory in range(1, 20_000, 37):
         for processes in (1, 2, 3, 16, 64):
-            for work in (0, 1, 64, 512, 4096):
+            for work, program in itertools.product((0, 1, 64, 512, 4096), (0, 64)):
                 limits = SandboxLimits(memory_mb=memory, max_processes=processes, work_dir_mb=work)
-                held = bound(limits, cgroup=False)
+                held = bound(limits, cgroup=False, program_mb=program)
                 if isinstance(held, str):
                     continue
                 assert held.total_mb <= memory and held.processes <= processes, (limits, held)
                 assert held.address_space_mb >= 48 and 1 <= held.work_mb <= max(1, work)
                 assert 1 <= held.shm_mb <= max(1, work)  # never 0: a tmpfs of size 0 is unlimited
+                own = program if processes > 2 else 0  # room for pid 1, the program and one more
+                assert held.program_mb == own and bool(held.pid1_mb) == bool(own), held
