@@ -234,6 +234,20 @@ PLAIN_OF = (
     (set, lambda v: set(set.__iter__(v))),
 )
 ITERATION_END = ["end"]
+# `in` decided by iterating the container, as Python does for a class without __contains__ and as
+# collections.abc's mixins do (a Mapping's by its keys' lookup): the tests iterate it and compare
+# each item themselves (`Handle.__contains__`). A class's own __contains__ would be handed the
+# value the test looks for.
+ITERATING_MIXINS = tuple(
+    abc.__contains__
+    for abc in (
+        collections.abc.Sequence,
+        collections.abc.Mapping,
+        collections.abc.KeysView,
+        collections.abc.ItemsView,
+        collections.abc.ValuesView,
+    )
+)
 # The arithmetic the test side computes on plain values (`Handle`'s operators), and so the operators
 # a class of the code that defines them for itself keeps from crossing (`CodeSide.plain`).
 BINARY = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**"}
@@ -249,6 +263,7 @@ BINARY |= {
 UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": abs, "invert": operator.invert}
 UNARY |= {"round": round, "trunc": math.trunc, "floor": math.floor, "ceil": math.ceil}
 ARITHMETIC = (*(f"__{r}{n}__" for n in BINARY for r in ("", "r")), *(f"__{n}__" for n in UNARY))
+MAX_NAMES = 10_000  # attribute names of a class a class of the tests derives from, at most
 MAX_STATE = 100_000  # characters of an exception's arguments and attributes on the wire, at most
 
 
@@ -384,9 +399,11 @@ class CodeSide:
                 return ["ok", self.share(next(value))]
             except StopIteration:  # the iteration's end, said as such: never an exception that crosses
                 return ITERATION_END
+        elif kind == "names":  # what a class of the tests deriving from this one would inherit
+            return ["ok", wire.encode([n for n in dir(value) if type(n) is str][:MAX_NAMES])]
         elif kind == "copy":  # made by the code's own copy protocol, in this process
             return ["ok", self.share(copy.deepcopy(value) if rest[0] else copy.copy(value))]
-        elif kind in ("len", "bool", "str", "repr", "format", "isinstance"):
+        elif kind in ("len", "bool", "str", "repr", "format", "isinstance", "membership"):
             return ["ok", wire.encode(self.ask(kind, value, rest))]
         elif kind == "enter":
             return ["ok", self.share(type(value).__enter__(value))]
@@ -406,6 +423,9 @@ class CodeSide:
             "repr": repr,
             "format": lambda v: format(v, str(rest[0])),
             "isinstance": lambda v: isinstance(rest[0], v),
+            "membership": lambda v: (
+                not hasattr(type(v), "__contains__") or type(v).__contains__ in ITERATING_MIXINS
+            ),
         }[kind](value)
         if type(answer) not in (int, bool, str):
             raise TypeError(f"{kind}() of a {qualified(type(value))} did not give a builtin value")
@@ -583,6 +603,8 @@ class Handle:
     arithmetic, pytest.approx through them) first turns the object into the exact builtin value
     it holds (a subclass of a builtin type: a namedtuple, an int enum), read by the builtin type's
     own methods, and computes here: the code never receives the value the test compares against.
+    `in` with a container that holds none iterates it, where Python or a collections.abc mixin
+    would too, and compares each item here.
     An object that holds no such value, or whose class defines that arithmetic itself, fails the
     test as one that cannot cross (NotPlainData). A code context manager receives only the
     exception's builtin class and never suppresses it."""
@@ -707,10 +729,8 @@ class Handle:
     def __class__(self):  # isinstance(x, tuple) holds for a namedtuple of the code; type(x) is Handle
         return PLAIN_CLASSES.get(self._fleet_kind, Handle)
 
-    def __mro_entries__(self, bases):
-        raise self._fleet_boundary.wire.NotPlainData(
-            f"a class of the tests cannot derive from a {self._fleet_label} of the code under test"
-        )
+    def __mro_entries__(self, bases):  # a class of the tests derives from this one: a stand-in
+        return (stand_in(self),)
 
     def __reduce_ex__(self, protocol):
         raise self._fleet_boundary.wire.NotPlainData(
@@ -718,11 +738,54 @@ class Handle:
         )
 
     def __contains__(self, item):
-        return (item._fleet_plain("in") if isinstance(item, Handle) else item) in self._fleet_plain("in")
+        """`in` on the plain value the object holds; else, where the object's membership is by
+        iteration (`ITERATING_MIXINS`), by iterating it and comparing each item here."""
+        held = self._fleet_held()
+        if held is not NO_VALUE:
+            return (item._fleet_plain("in") if isinstance(item, Handle) else item) in held[0]
+        if not self._fleet_ask("membership"):
+            raise self._fleet_boundary.wire.NotPlainData(
+                f"in with a {self._fleet_label} of the code under test, which holds no plain value and "
+                "decides membership itself: its __contains__ would be handed the value looked for"
+            )
+        return any(element is item or element == item for element in self)
 
     def __hash__(self):  # the plain value's, else the object's identity (a class as a typing key)
         held = self._fleet_held()
         return hash(held[0]) if held is not NO_VALUE else object.__hash__(self)
+
+
+def stand_in(handle):
+    """The base a class of the tests gets where it derives from a class of the code (semver's
+    conftest imports one): the class statement runs, so the module that holds it is collected and
+    its other tests run. Making an instance, or reaching what the class would inherit from the
+    code's class (`Sub.parse`, `super().parse` in a classmethod: each of the code class's
+    attributes but its dunders is a stand-in's descriptor), fails as cannot cross: the code's
+    methods would run on an object of the tests. The error is an AttributeError too, so that
+    pytest's probes (`getattr(cls, "setup_class", None)`) find nothing."""
+    NotPlain = handle._fleet_boundary.wire.NotPlainData
+    why = f"a class of the tests derives from a {handle._fleet_label} of the code under test: not usable"
+
+    class NotInherited(NotPlain, AttributeError):
+        pass
+
+    class Inherited:
+        def __set_name__(self, owner, name):
+            self.name = name
+
+        def __get__(self, instance, owner=None):
+            raise NotInherited(f"{why} ({self.name})")
+
+    class StandInType(type):
+        def __getattr__(cls, name):
+            raise NotInherited(f"{why} ({cls.__qualname__}.{name})")
+
+        def __call__(cls, *args, **kwargs):
+            raise NotPlain(f"{why} ({cls.__qualname__}())")
+
+    names = handle._fleet_ask("names")
+    inherited = {n: Inherited() for n in names if not (n.startswith("__") and n.endswith("__"))}
+    return StandInType(f"{handle._fleet_label} (of the code under test)", (), inherited)
 
 
 PLAIN_CLASSES = {base.__name__: base for base, _ in PLAIN_OF}

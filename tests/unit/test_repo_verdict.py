@@ -430,6 +430,7 @@ def test_plain_data_crosses_by_value_and_objects_of_the_code_as_handles(code):
 
 OBJECTS = """
 import collections
+import collections.abc
 import contextlib
 import enum
 
@@ -479,6 +480,37 @@ class Meter:
 
 def seen():
     return list(SEEN)
+
+
+class Bag:
+    def __init__(self, *items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+class Base:
+    KIND = "base"
+
+    @classmethod
+    def make(cls):
+        return cls()
+
+
+class Lookup(collections.abc.Mapping):
+    def __init__(self, data):
+        self.data = data
+
+    def __getitem__(self, key):
+        SEEN.append(key)
+        return self.data[key]
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self):
+        return len(self.data)
 
 
 class Color(enum.Enum):
@@ -552,7 +584,23 @@ def test_objects_of_the_code_are_used_in_their_process_and_compared_in_the_tests
     for compare in (lambda: m == 5, lambda: m < 9, lambda: 5 in m, lambda: 7 + m, lambda: m == meter(5)):
         with pytest.raises(wire.NotPlainData, match="holds no plain value"):
             compare()
+    bag, lookup = side.request(["get", "objects:Bag"]), side.request(["get", "objects:Lookup"])
+    assert "a" in bag(1, "a") and 2 not in bag(1, "a") and m in bag(m)  # iterated here, as Python does
+    assert "k" in lookup({"k": 1}) and "x" not in lookup({"k": 1})  # a Mapping mixin's: by its keys
+    assert 3 in side.request(["get", "objects:count"])(5)  # a generator: consumed as Python would
+    with pytest.raises(wire.NotPlainData, match="decides membership itself"):
+        _ = 5 in m  # Meter's own __contains__ would be handed 5
     assert seen() == []  # not one of the tests' operands reached the code
+
+    class Sub(side.request(["get", "objects:Base"])):  # a class of the tests: defined, not usable
+        @classmethod
+        def parse(cls):
+            return super().make()
+
+    assert Sub.__name__ == "Sub" and getattr(Sub, "setup_class", None) is None  # pytest's probes
+    for use in (Sub, lambda: Sub.KIND, lambda: Sub.make, Sub.parse):
+        with pytest.raises(wire.NotPlainData, match=r"tests derives from a class objects\.Base"):
+            use()
     assert {m: 1}[m] == 1 and {meter: 2}[meter] == 2  # hashed by identity: no plain value
     color = side.request(["get", "objects:Color"])
     assert side.request(["get", "objects:favourite"])() == color.RED  # one object: equal to itself
