@@ -51,6 +51,7 @@ SAMPLE_MIN_S = 20.0
 SAMPLE_PLAIN_RATIO = 1.0
 NOT_FOUND = ("ERROR: not found: ", "ERROR: found no collectors for ")  # pytest's, for an id it runs not
 MAX_NOT_FOUND_RETRIES = 4  # the plan's sample run again without the ids pytest did not find
+SAMPLE_ROUNDS = 3  # draws of the plan's sample while fewer than its size cross (`crossing`)
 
 
 def excerpt(text, limit=EXCERPT):
@@ -978,6 +979,36 @@ def session(state, boundary, job, args=None, hidden=None, timeout_s=None):
     return report
 
 
+def crossing(state, boundary, job, sample, rest, size, budget):
+    """The plan's sample across the boundary on the base (no patch yet: its output is trusted):
+    the ids pytest did not find are left out and the rest run again; while fewer than `size`
+    passed across it, twice as many as are missing are drawn from `rest` (in their drawn order)
+    and run, at most SAMPLE_ROUNDS times, all within `budget` seconds. One session's report, its
+    results those of every round."""
+    deadline = time.monotonic() + budget
+    sampled = None
+    for _ in range(SAMPLE_ROUNDS):
+        report = session(state, boundary, job, args=sample, timeout_s=deadline - time.monotonic())
+        for _ in range(MAX_NOT_FOUND_RETRIES):
+            gone = set(report["not_found"])  # pytest names a parametrized one without its [...]
+            found = [i for i in sample if i not in gone and i.partition("[")[0] not in gone]
+            if found == sample or not found or report["results"]:
+                break
+            sample = found
+            report = session(state, boundary, job, args=sample, timeout_s=deadline - time.monotonic())
+        if sampled is None:
+            sampled = report
+        else:
+            sampled["results"].update(report["results"])
+            sampled["duration_s"] = round(sampled["duration_s"] + report["duration_s"], 3)
+            sampled["timeout"] = report["timeout"]
+        missing = size - sum(r["outcome"] == "passed" for r in sampled["results"].values())
+        if missing <= 0 or not rest or report["timeout"] or deadline - time.monotonic() < 1:
+            break
+        sample, rest = rest[: 2 * missing], rest[2 * missing :]
+    return sampled
+
+
 def load_boundary(source):
     """boundary.py as a module, with pytest and its built-in plugins imported here from the
     environment, before any code under test runs: each test process (a fork) starts with them."""
@@ -1076,19 +1107,11 @@ def main():
             size = min(int(job.get("sample_size", 0)), len(passing))
             named = named_ids(passing, job.get("hidden_tests"), int(job.get("named_size", 0)))
             report["plan_named"] = named
-            drawn = random.Random(job.get("seed", 0)).sample(passing, size)
-            sample = list(dict.fromkeys([*named, *drawn]))
+            order = random.Random(job.get("seed", 0)).sample(passing, len(passing))
+            sample = list(dict.fromkeys([*named, *order[:size]]))
             if sample:  # which of them the boundary can judge: re-run across it after the patch
                 budget = min(job["timeout_s"], max(SAMPLE_MIN_S, SAMPLE_PLAIN_RATIO * base["duration_s"]))
-                sampled = session(state, boundary, job, args=sample, timeout_s=budget)
-                for _ in range(MAX_NOT_FOUND_RETRIES):  # the base (no patch yet): its output is trusted
-                    gone = set(sampled["not_found"])  # pytest names a parametrized one without its [...]
-                    found = [i for i in sample if i not in gone and i.partition("[")[0] not in gone]
-                    if found == sample or not found or sampled["results"]:
-                        break
-                    sample = found
-                    sampled = session(state, boundary, job, args=sample, timeout_s=budget)
-                report["plan_sample"] = sampled
+                report["plan_sample"] = crossing(state, boundary, job, sample, order[size:], size, budget)
         if job.get("hidden_tests"):
             report["plan_hidden"] = hidden_sessions(state, boundary, job)
         if job.get("patch") is None:

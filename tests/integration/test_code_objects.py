@@ -297,3 +297,38 @@ def test_an_object_of_the_code_cannot_answer_for_the_test(forgery_workspace, nam
     assert forged.applies, forged
     assert forged.hidden is not None, forged
     assert (forged.hidden.passed, forged.hidden.failed) == (0, FORGERY_TESTS), forged.hidden
+
+
+BOXES = textwrap.dedent(
+    """
+    class Box:
+        def __init__(self, n):
+            self.n = n
+
+        def __eq__(self, other):
+            return self.n == other.n
+
+
+    def add(a, b):
+        return a + b
+    """
+)
+
+
+@needs_sandbox
+def test_the_plans_sample_is_drawn_again_while_too_few_of_its_tests_cross(tmp_path, traversable_dir):
+    """60 pass-to-pass tests, of which 6 can cross the boundary (the rest compare two objects of
+    the code): the first draw of 24 holds few of the 6, so the plan draws again from the rest
+    until every one that can cross has (before, only those of the first 24 were its sample)."""
+    from fleet_pipelines.workspace import runs
+
+    crossing = [f"def test_add_{i}():\n    assert add({i}, 1) == {i + 1}\n" for i in range(6)]
+    opaque = [f"def test_box_{i}():\n    assert Box({i}) == Box({i})\n" for i in range(54)]
+    tests = "from boxes import Box, add\n\n\n" + "\n\n".join(crossing + opaque)
+    source = make_repo(tmp_path / "src", {"boxes.py": BOXES, "tests/test_boxes.py": tests})
+    workspace = prepare_workspace("sample", RepoSpec(url=str(source)), traversable_dir / "ws")
+    comment = diff("boxes.py", BOXES, BOXES.replace("class Box:", "class Box:  # a comment"))
+    evidence = score_patch(workspace, comment, "")
+    assert evidence.tests is not None and evidence.tests.status == "passed", evidence.tests
+    plan = runs._PLANS[runs._plan_key(workspace, "")]
+    assert sorted(plan.crossable) == sorted(f"tests/test_boxes.py::test_add_{i}" for i in range(6))
