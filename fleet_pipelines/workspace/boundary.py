@@ -215,6 +215,124 @@ def unpack(wire, data, depth, item):
     return tuple(items) if data[0] == "t" else items
 
 
+SHARED_TYPES = (list, dict, set, bytearray)
+MAX_SHARED_ITEMS = 1_000  # a bigger container of the tests crosses as a copy (each message checks each)
+
+
+class Shared:
+    """The tests' mutable containers that the code under test holds (exact lists, dicts, sets and
+    bytearrays of at most MAX_SHARED_ITEMS items), by reference as Python passes them: each
+    process has its own object under one number (the test process's), `["ref", number, content]`
+    the first time it crosses and `["ref", number]` after, either way. Before each message between
+    the processes, the sender says in a "sync" what changed in its own since the last, and the
+    receiver makes it so in place: a list the code sorts in place, a dict a cache decorator
+    fills, a log it appends to are the test's to read after the call, and what the test changes
+    is the code's to see at its next request. What they hold crosses as any value does (the
+    code's objects as handles); a container the code makes crosses as a copy. The code process
+    forgets a container it no longer holds (`unheld`), and the test process with it. A change is
+    found by the identity of each item (and key), never by an item's own `==`: a list of the code
+    in a shared one, changed in place on a later request, is not seen (it is not theirs to share)."""
+
+    def __init__(self, wire, item, convert):
+        self.wire, self.item, self.convert = wire, item, convert  # give/share, receive/take
+        self.entries = {}  # number -> [container, its items as last synced (`shallow`)]
+        self.numbers = {}  # id(container) -> number
+        self.busy = False
+
+    def number(self, value):
+        number = self.numbers.get(id(value))
+        return number if number is not None and self.entries[number][0] is value else None
+
+    def add(self, number, value):
+        self.entries[number] = [value, None]
+        self.numbers[id(value)] = number
+
+    def settle(self, number):
+        """The container as it is now is what the other side has."""
+        self.entries[number][1] = shallow(self.entries[number][0])
+
+    def content(self, value, depth=0):
+        packed = pack(self.wire, value, depth, self.item)  # a list's or dict's items: handles, refs
+        return self.wire.encode(value) if packed is None else packed
+
+    def fill(self, value, data, depth=0):
+        """`value` made, in place, what `data` (a content) says."""
+        new = unpack(self.wire, data, depth, self.convert)
+        new = self.wire.decode(data) if new is None else new
+        if type(new) is not type(value):
+            raise self.wire.NotPlainData(f"a {type(value).__name__} of the tests cannot become another type")
+        if type(value) is list or type(value) is bytearray:
+            value[:] = new
+        else:
+            value.clear()
+            value.update(new)
+
+    def changes(self):
+        """[number, content] of each container whose content changed here since the last sync."""
+        if self.busy:  # a request made while finding them (a handle found again by name) adds none
+            return []
+        self.busy = True
+        try:
+            return self.changed()
+        finally:
+            self.busy = False
+
+    def changed(self):
+        updates = []
+        for number, entry in list(self.entries.items()):
+            try:
+                now = shallow(entry[0])
+            except RuntimeError:  # changed while read (a thread of the code): at the next message
+                continue
+            if same_items(now, entry[1]):
+                continue
+            try:
+                updates.append([number, self.content(entry[0])])
+            except Exception:  # it holds what cannot cross now, or changed while read (a thread of
+                continue  # the code): the other side keeps its own until the next message
+            entry[1] = now
+        return updates
+
+    def apply(self, updates, forgotten):
+        if type(updates) is not list or type(forgotten) is not list:
+            raise self.wire.NotPlainData("a malformed sync")
+        for update in updates:
+            entry = self.entries.get(update[0]) if type(update) is list and len(update) == 2 else None
+            if entry is None or type(update[0]) is not int:
+                raise self.wire.NotPlainData("a sync of no container of the tests")
+            self.fill(entry[0], update[1])
+            self.settle(update[0])
+        for number in forgotten:
+            entry = self.entries.pop(number, None) if type(number) is int else None
+            if entry is not None:
+                self.numbers.pop(id(entry[0]), None)
+
+    def unheld(self, named):
+        """The numbers of the containers nothing but this registry holds, but those `named` (the
+        code process's: dropped once their last change is sent)."""
+        gone = [
+            n for n, entry in list(self.entries.items()) if sys.getrefcount(entry[0]) <= 2 and n not in named
+        ]
+        for number in gone:
+            self.numbers.pop(id(self.entries.pop(number)[0]), None)
+        return gone
+
+
+def shallow(container):
+    """What `same_items` compares: a container's items (a dict's keys and values) as they are."""
+    if type(container) is dict:
+        return (list(container), list(container.values()))
+    return bytes(container) if type(container) is bytearray else list(container)
+
+
+def same_items(now, before):
+    if before is None or type(now) is bytes:
+        return now == before
+    if type(now) is tuple:
+        return same_items(now[0], before[0]) and same_items(now[1], before[1])
+    return len(now) == len(before) and all(a is b for a, b in zip(now, before, strict=True))
+
+
 def qualified(cls):
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -284,6 +402,26 @@ class CodeSide:
         self.sock = sock
         self.objects = {}
         self.numbers = {}
+        self.shared = Shared(wire, lambda v, d: self.share(v, d), self.take)
+        self.referenced = set()  # the tests' containers the message being made names
+
+    def send(self, message):
+        """`message` to the test process, after what changed in the tests' containers here (and
+        which of them this process no longer holds, but those `message` names)."""
+        updates, forgotten = self.shared.changes(), self.shared.unheld(self.referenced)
+        self.referenced.clear()
+        if updates or forgotten:
+            self.wire.send(self.sock, ["sync", updates, forgotten])
+        self.wire.send(self.sock, message)
+
+    def recv(self):
+        """The test process's next message, what changed in its containers applied here first."""
+        while True:
+            message = self.wire.recv(self.sock)
+            if not (type(message) is list and len(message) == 3 and message[0] == "sync"):
+                return message
+            with contextlib.suppress(self.wire.NotPlainData, TypeError, ValueError, IndexError):
+                self.shared.apply(message[1], message[2])
 
     def handle(self, value):
         number = self.numbers.get(id(value))
@@ -298,12 +436,17 @@ class CodeSide:
     def share(self, value, depth=0, handles=True):
         """`value` as plain data where it is (`by_value`'s values too); containers of the builtin
         types with the code's objects in them item by item; anything else as a handle (without
-        `handles`: NotPlainData)."""
+        `handles`: NotPlainData). A container of the tests crosses back as itself."""
         wire = self.wire
-        try:
-            return wire.encode(value)
-        except wire.NotPlainData:
-            pass
+        number = self.shared.number(value)
+        if number is not None:
+            self.referenced.add(number)
+            return ["ref", number]
+        if not (self.shared.entries and type(value) in (list, tuple, dict)):  # none of theirs inside
+            try:
+                return wire.encode(value)
+            except wire.NotPlainData:
+                pass
         tagged = by_value(value)
         if tagged is not None:
             return tagged
@@ -328,6 +471,8 @@ class CodeSide:
             return getattr(importlib.import_module(module_name), attr)
         if type(data) is list and len(data) == 4 and data[0] == "cb" and type(data[1]) is int:
             return Callback(self, data[1], data[2], data[3])
+        if type(data) is list and len(data) in (2, 3) and data[0] == "ref" and type(data[1]) is int:
+            return self.take_shared(data, depth)
         if type(data) is list and len(data) == 2 and data[0] in ("h", "it", "in") and type(data[1]) is int:
             if data[0] in ("it", "in"):
                 return (TestIterator if data[0] == "it" else TestIterable)(self, data[1])
@@ -336,6 +481,28 @@ class CodeSide:
             return self.objects[data[1]]
         unpacked = unpack(wire, data, depth, self.take)
         return wire.decode(data) if unpacked is None else unpacked
+
+    def take_shared(self, data, depth):
+        """A container of the tests: the one this process holds under its number, or a new one
+        (registered before its items are read: it may hold itself)."""
+        shared = self.shared
+        if len(data) == 2:
+            entry = shared.entries.get(data[1])
+            if entry is None:
+                raise self.wire.NotPlainData("a container of the tests this process does not hold")
+            return entry[0]
+        content = data[2]
+        if type(content) is list and len(content) == 2 and content[0] in ("l", "d"):
+            value = [] if content[0] == "l" else {}
+            shared.add(data[1], value)
+            shared.fill(value, content, depth)
+        else:
+            value = self.wire.decode(content)
+            if type(value) not in SHARED_TYPES:
+                raise self.wire.NotPlainData("a container of the tests of no mutable type")
+            shared.add(data[1], value)
+        shared.settle(data[1])
+        return value
 
     def plain(self, value):
         """The builtin value an object of a builtin type's subclass holds, as plain data, with the
@@ -458,21 +625,20 @@ class CodeSide:
     def call_back(self, number, args, kwargs):
         """A call of a callable of the tests: sent to the test process, whose requests are
         answered until its result comes."""
-        wire = self.wire
         message = [
             "cb",
             number,
             [self.share(a) for a in args],
             [[k, self.share(v)] for k, v in kwargs.items()],
         ]
-        wire.send(self.sock, message)
+        self.send(message)
         while True:
-            request = wire.recv(self.sock)
+            request = self.recv()
             if type(request) is list and len(request) == 2 and request[0] == "cbok":
                 return self.take(request[1])
             if type(request) is list and len(request) == 2 and request[0] == "cberr":
                 raise builtin_exception(request[1])("raised by a callable of the tests")  # its class only
-            wire.send(self.sock, self.reply(request))
+            self.send(self.reply(request))
 
 
 class Callback:
@@ -544,10 +710,10 @@ def serve(wire_path, fd, paths, cwd):
     side = CodeSide(wire, socket.socket(fileno=fd))
     while True:
         try:
-            request = wire.recv(side.sock)
+            request = side.recv()
         except EOFError:
             return
-        wire.send(side.sock, side.reply(request))
+        side.send(side.reply(request))
 
 
 # --- the test process ---
@@ -867,6 +1033,9 @@ class Boundary:
         self.generation = 0  # of the code process: a handle of an earlier one names nothing
         self.handles = {}  # number -> Handle, this code process's
         self.callbacks = []  # the tests' callables handed to this code process
+        self.given = {}  # id -> (callable, its reference): one number for one callable of the tests
+        self.shared = Shared(wire, self.give, self.receive)  # the tests' containers the code holds
+        self.shared_made = 0
         self.pending = None  # pytest's outcome raised in a callable of the tests, raised again after
 
     def exception_class(self, name, base):
@@ -923,6 +1092,8 @@ class Boundary:
         self.generation += 1
         self.handles.clear()
         self.callbacks.clear()
+        self.given.clear()
+        self.shared = Shared(self.wire, self.give, self.receive)
 
     def request(self, message):
         wire = self.wire
@@ -931,12 +1102,12 @@ class Boundary:
         if self.sock is None:
             self.start()
         try:
-            wire.send(self.sock, message)
+            self.send(message)
             while True:
-                reply = wire.recv(self.sock)
+                reply = self.recv()
                 if not (type(reply) is list and len(reply) == 4 and reply[0] == "cb"):
                     break
-                wire.send(self.sock, self.call_back(reply))  # the code calls a callable of the tests
+                self.send(self.call_back(reply))  # the code calls a callable of the tests
         except (OSError, EOFError, ValueError) as exc:
             self.dead = f"the code under test is gone: {wire.exit_description(self.pid)} ({exc})"
             raise wire.SolutionError(self.dead) from None
@@ -975,6 +1146,22 @@ class Boundary:
             exc = wire.remote_exception(*reply[1:4])
             raise self.restore(exc, reply[2], reply[4]) if type(exc).__name__ == reply[1] else exc
         raise wire.NotPlainData("malformed reply from the code under test")
+
+    def send(self, message):
+        """`message` to the code process, after what changed in the tests' containers it holds."""
+        updates = self.shared.changes()
+        if updates:
+            self.wire.send(self.sock, ["sync", updates, []])
+        self.wire.send(self.sock, message)
+
+    def recv(self):
+        """The code process's next message, what it changed in the tests' containers made so here
+        first."""
+        while True:
+            message = self.wire.recv(self.sock)
+            if not (type(message) is list and len(message) == 3 and message[0] == "sync"):
+                return message
+            self.shared.apply(message[1], message[2])
 
     def restore(self, exc, text, state):
         """The code's exception with its arguments and attributes (values and handles); its text
@@ -1042,12 +1229,28 @@ class Boundary:
             return tagged
         if kind is types.FunctionType and value in self.stubs:
             return ["n", self.stubs[value]]
+        if kind in SHARED_TYPES and len(value) <= MAX_SHARED_ITEMS:
+            shared = self.shared.number(value)
+            if shared is not None:
+                return ["ref", shared]
+            self.shared_made += 1
+            self.shared.add(self.shared_made, value)
+            try:
+                content = self.shared.content(value, depth)
+            except wire.NotPlainData:  # it holds what cannot cross: said below
+                self.shared.apply([], [self.shared_made])
+            else:
+                self.shared.settle(self.shared_made)
+                return ["ref", self.shared_made, content]
         packed = pack(wire, value, depth, self.give)
         if packed is not None:
             return packed
         try:
             return wire.encode(value)
         except wire.NotPlainData as exc:
+            known = self.given.get(id(value))
+            if known is not None and known[0] is value:
+                return known[1]
             tag = "cb" if callable(value) else "it" if hasattr(kind, "__next__") else "in"
             if tag == "in" and (not hasattr(kind, "__iter__") or issubclass(kind, CONTAINERS)):
                 # a container of the tests (a defaultdict, a mapping) would be half of itself
@@ -1059,7 +1262,9 @@ class Boundary:
             if refusal:
                 raise wire.NotPlainData(f"{refusal} cannot be passed to the code under test: {exc}") from None
         self.callbacks.append(called)
-        return [tag, len(self.callbacks) - 1, *(callable_shape(value) if tag == "cb" else ())]
+        reference = [tag, len(self.callbacks) - 1, *(callable_shape(value) if tag == "cb" else ())]
+        self.given[id(value)] = (value, reference)
+        return reference
 
     def receive(self, data, depth=0):
         """A value from the code under test: plain data with exact builtin types, its objects as
@@ -1071,6 +1276,11 @@ class Boundary:
                 label, kind = str(data[2])[:200], data[3] if data[3] in ("t", "c", *PLAIN_CLASSES) else ""
                 handle = self.handles[data[1]] = Handle(self, data[1], label, kind)
             return handle
+        if type(data) is list and len(data) == 2 and data[0] == "ref" and type(data[1]) is int:
+            entry = self.shared.entries.get(data[1])
+            if entry is None:
+                raise wire.NotPlainData("the code under test named no container of the tests")
+            return entry[0]  # the test's own
         if type(data) is list and data and data[0] in VALUE_TAGS:
             return from_value(wire, data)
         unpacked = unpack(wire, data, depth, self.receive)

@@ -44,11 +44,12 @@ REPO = "/work/repo"
 EXCERPT = 1_500
 MAX_FAILING = 50
 OUTPUT_KEPT = 4 * 1024 * 1024  # bytes of a command's output kept, head and tail (`drain`)
-# The sample's session on the base stops after max(SAMPLE_MIN_S, SAMPLE_PLAIN_RATIO x the plain
-# run): what crossed by then is the plan's sample, the rest is not sampled (a project whose tests
-# cross slowly, as more-itertools' iterators without a cgroup, no longer makes a first job long).
-SAMPLE_MIN_S = 20.0
-SAMPLE_PLAIN_RATIO = 1.0
+# The plan's sample, across the boundary on the base, gets what the first job's bound (max(3 x the
+# plain run, the plain run + 30 s)) leaves after the job's two plain runs, less SAMPLE_MARGIN_S for
+# the rest of the job, and at least SAMPLE_MIN_S: what crossed by then is the plan's sample (a
+# project whose tests cross slowly, as more-itertools' iterators, no longer makes a first job long).
+SAMPLE_MIN_S = 5.0
+SAMPLE_MARGIN_S = 10.0
 NOT_FOUND = ("ERROR: not found: ", "ERROR: found no collectors for ")  # pytest's, for an id it runs not
 MAX_NOT_FOUND_RETRIES = 4  # the plan's sample run again without the ids pytest did not find
 SAMPLE_ROUNDS = 3  # draws of the plan's sample while fewer than its size cross (`crossing`)
@@ -1110,7 +1111,8 @@ def main():
             order = random.Random(job.get("seed", 0)).sample(passing, len(passing))
             sample = list(dict.fromkeys([*named, *order[:size]]))
             if sample:  # which of them the boundary can judge: re-run across it after the patch
-                budget = min(job["timeout_s"], max(SAMPLE_MIN_S, SAMPLE_PLAIN_RATIO * base["duration_s"]))
+                took = base["duration_s"]
+                budget = min(job["timeout_s"], max(SAMPLE_MIN_S, max(took, 30 - took) - SAMPLE_MARGIN_S))
                 report["plan_sample"] = crossing(state, boundary, job, sample, order[size:], size, budget)
         if job.get("hidden_tests"):
             report["plan_hidden"] = hidden_sessions(state, boundary, job)

@@ -115,7 +115,7 @@ HIDDEN = textwrap.dedent(
         log = []
         with opened(log) as size:
             assert size == 1
-        assert log == []  # the code's list is its own: the tests' list crossed as a copy
+        assert log == ["open", "closed"]  # the tests' list, which the code held: one list
 
 
     def test_equality_of_two_objects_of_the_code():

@@ -543,6 +543,22 @@ class Count(int):
         return Count(int(self) - other)
 
 
+def sort_in_place(items):
+    items.sort()
+
+
+def remember(store):
+    def put(key, value):
+        store[key] = value
+        return len(store)
+
+    return put
+
+
+def same(value):
+    return value
+
+
 def swallow(function):
     try:
         function()
@@ -669,6 +685,37 @@ def test_the_tests_callables_run_in_the_tests_with_only_what_the_code_passes(cod
     for refused in (exec, eval, open, getattr, os.system, subprocess.run):
         with pytest.raises(wire.NotPlainData, match="cannot be passed to the code under test"):
             apply(refused, "1")
+
+
+def test_the_tests_containers_are_the_codes_by_reference(code):
+    """A list, dict, set or bytearray of the tests that the code holds is one object as in plain
+    Python: what the code changes in it is the test's after the call, what the test changes is
+    the code's at its next request, and it comes back as itself; a container the code makes
+    crosses as a copy."""
+    _, side = code
+    Path(side.cwd, "objects.py").write_text(OBJECTS)
+    side.request(["import", "objects"])
+    sort_in_place, remember, same = (
+        side.request(["get", f"objects:{n}"]) for n in ("sort_in_place", "remember", "same")
+    )
+    items, inner = [3, 1, 2], [9, 8]
+    assert sort_in_place(items) is None and items == [1, 2, 3]
+    outer = [inner, 0]
+    sort_in_place(outer[0])
+    assert outer[0] is inner and inner == [8, 9]
+    store = {}
+    put = remember(store)  # the code keeps the test's dict and fills it on later calls
+    assert put("a", 1) == 1 and store == {"a": 1}
+    store["b"] = 2  # the test's change, seen by the code at its next request
+    assert put("c", [3]) == 3 and store == {"a": 1, "b": 2, "c": [3]}
+    looped = [1]
+    looped.append(looped)
+    assert same(items) is items and same(looped) is looped and same((items, 1))[0] is items
+    assert same({1, 2}) == {1, 2} and same(bytearray(b"x")) == bytearray(b"x")
+    seen = side.request(["get", "objects:seen"])
+    made = seen()  # a list the code made: a copy, as before
+    made.append("x")
+    assert seen() == []
 
 
 def test_a_handle_of_an_earlier_code_process_names_nothing_but_a_name_is_found_again(code):
