@@ -332,3 +332,58 @@ def test_the_plans_sample_is_drawn_again_while_too_few_of_its_tests_cross(tmp_pa
     assert evidence.tests is not None and evidence.tests.status == "passed", evidence.tests
     plan = runs._PLANS[runs._plan_key(workspace, "")]
     assert sorted(plan.crossable) == sorted(f"tests/test_boxes.py::test_add_{i}" for i in range(6))
+
+
+INPLACE = textwrap.dedent(
+    """
+    def normalize(items):
+        items.sort()
+
+
+    def memo(cache):
+        def twice(x):
+            if x not in cache:
+                cache[x] = x * 2
+            return cache[x]
+
+        return twice
+    """
+)
+INPLACE_HIDDEN = textwrap.dedent(
+    """
+    from inplace import memo, normalize
+
+
+    def test_normalize_sorts_and_drops_duplicates_in_place():
+        items = [3, 1, 3, 2]
+        assert normalize(items) is None
+        assert items == [1, 2, 3]
+
+
+    def test_the_cache_is_the_callers():
+        cache = {}
+        twice = memo(cache)
+        assert twice(2) == 4 and cache == {2: 4}
+        cache[5] = 0  # the caller's entry: the code sees it
+        assert twice(5) == 0
+    """
+)
+
+
+@needs_sandbox
+def test_a_hidden_test_reads_what_the_code_changed_in_its_containers(tmp_path, traversable_dir):
+    """A hidden test that hands the code a list to change in place and a dict to fill judges the
+    fix (both pass) and the comment patch (the in-place one fails): the tests' containers are the
+    code's by reference. As copies, both failed on every patch, so no fix could pass the gate."""
+    source = make_repo(
+        tmp_path / "src", {"inplace.py": INPLACE, "tests/test_inplace.py": "def test_x():\n    pass\n"}
+    )
+    workspace = prepare_workspace("inplace", RepoSpec(url=str(source)), traversable_dir / "ws")
+    fix = diff("inplace.py", INPLACE, INPLACE.replace("items.sort()", "items[:] = sorted(set(items))"))
+    fixed = score_patch(workspace, fix, INPLACE_HIDDEN)
+    assert fixed.hidden is not None and (fixed.hidden.passed, fixed.hidden.failed) == (2, 0), fixed.hidden
+    comment = diff("inplace.py", INPLACE, INPLACE.replace("def memo", "# memo\ndef memo"))
+    unfixed = score_patch(workspace, comment, INPLACE_HIDDEN)
+    assert unfixed.hidden is not None and unfixed.hidden.failing == [
+        "test_fleet_hidden.py::test_normalize_sorts_and_drops_duplicates_in_place"
+    ], unfixed.hidden
