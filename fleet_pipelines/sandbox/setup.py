@@ -529,7 +529,7 @@ TOOL_DIR = "/fleet/bin"  # where `tools` appear in the sandbox, read-only, by th
 
 @functools.cache
 def tool_binds(tools: tuple[str, ...], readable: bool) -> tuple[str, ...]:
-    """bwrap args binding host executables (git, ruff, sh) read-only at TOOL_DIR/NAME, with the
+    """bwrap args binding host executables (git, ruff, the shell tools) read-only at TOOL_DIR/NAME, with the
     shared libraries they load; `sh` is also /bin/sh, where `subprocess`'s `shell=True`,
     `os.system` and `os.popen` look for it."""
     source = _readable_copy if readable else str

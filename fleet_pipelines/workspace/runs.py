@@ -67,19 +67,26 @@ class RepoRunLimits(SandboxLimits):
     job_mb: int = 64
 
 
+# What a project's tests may shell out to (`shell=True`, `os.system`, `subprocess.getoutput`, an
+# editor or pager command: click's tests edit with `sed` and page with `cat`), bound read-only at
+# TOOL_DIR, which the job's commands have on their PATH: the standard utilities, nothing more.
+SHELL_TOOLS = ("sh", "cat", "sed", "grep", "head", "tail", "sort", "tr", "wc", "env", "true", "false")
+SHELL_TOOLS += ("echo", "ls", "cp", "mv", "rm", "mkdir", "touch")
+
+
 def _run_job(workspace: Workspace, job: dict, limits: RepoRunLimits) -> tuple[dict | None, SandboxResult]:
     mounts = {"repo": workspace.path}
     if workspace.env_path:
         mounts["env"] = workspace.env_path
     git = shutil.which("git")
     ruff = ruff_binary()
-    # sh: a project's tests may shell out (`shell=True`, `os.system`, `subprocess.getoutput`)
-    tools = tuple(t for t in (git, ruff, shutil.which("sh")) if t)
+    tools = tuple(t for t in (git, ruff, *map(shutil.which, SHELL_TOOLS)) if t)
     job = {
         "subdir": workspace.subdir,
         "git": git and f"{TOOL_DIR}/{Path(git).name}",
         "ruff": ruff and f"{TOOL_DIR}/{Path(ruff).name}",
         "ruff_rules": RUFF_RULES,
+        "tool_dir": TOOL_DIR,
         **job,
     }
     if "visible_args" in job or job.get("hidden_tests"):

@@ -100,10 +100,11 @@ def pytest_options(env="/mnt/env"):
 
 
 def environment(job):
-    """The environment of every command: the dependency environment importable, pytest's
-    options (`pytest_options`), nothing else."""
+    """The environment of every command: the dependency environment importable, the tools the
+    host bound (`runs.SHELL_TOOLS`) on the PATH, pytest's options (`pytest_options`), nothing
+    else."""
     return {
-        "PATH": "/work/.bin:/usr/local/bin:/usr/bin:/bin",
+        "PATH": f"/work/.bin:{job['tool_dir']}:/usr/local/bin:/usr/bin:/bin",
         "HOME": WORK,
         "TMPDIR": WORK,
         "LANG": "C.UTF-8",

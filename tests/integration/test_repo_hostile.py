@@ -380,14 +380,17 @@ def test_a_repositorys_tests_can_shell_out_import_tkinter_and_load_a_cpp_runtime
     tmp_path, root
 ):
     """Real suites do all three (six's `test_getoutput` and its `tkinter` moves, toml's numpy
-    tests failed in the sandbox only): the sandbox has the host's `sh` at /bin/sh, the standard
-    library with tkinter (also where a root caller runs it from a copy), and the C++ runtime
-    manylinux wheels link against."""
+    tests failed in the sandbox only; click edits with `sed` and pages with `cat`): the sandbox
+    has the host's `sh` at /bin/sh and the standard utilities on the PATH, the standard library
+    with tkinter (also where a root caller runs it from a copy), and the C++ runtime manylinux
+    wheels link against."""
     files = {
         "tests/test_shell.py": (
             "import os\nimport subprocess\n\n\ndef test_shell():\n"
             "    assert subprocess.getoutput('echo $((6 * 7))') == '42'\n"
             "    assert os.system('exit 3') >> 8 == 3\n"
+            "    piped = \"printf 'b\\\\na\\\\n' | sort | sed s/a/A/ | cat\"\n"
+            "    assert subprocess.getoutput(piped) == 'A\\nb'\n"
         ),
         "tests/test_cpp.py": "import ctypes\n\n\ndef test_cpp():\n    ctypes.CDLL('libstdc++.so.6')\n",
     }
