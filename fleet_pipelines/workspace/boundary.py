@@ -240,8 +240,10 @@ class Shared:
         self.busy = False
 
     def number(self, value):
-        number = self.numbers.get(id(value))
-        return number if number is not None and self.entries[number][0] is value else None
+        """`value`'s number, if it is a container of the tests here (by identity: an id of a
+        container gone may be another object's now)."""
+        entry = self.entries.get(self.numbers.get(id(value)))
+        return self.numbers[id(value)] if entry is not None and entry[0] is value else None
 
     def add(self, number, value):
         self.entries[number] = [value, None]
@@ -785,7 +787,7 @@ class Handle:
 
     def _fleet_ask(self, kind, *args):
         boundary = self._fleet_boundary
-        return boundary.request([kind, boundary.number_of(self), *(boundary.give(a) for a in args)])
+        return boundary.request([kind, boundary.number_of(self), *boundary.gives(args)])
 
     def _fleet_held(self):
         """The plain value the object holds and the arithmetic operators its class defines for
@@ -831,8 +833,11 @@ class Handle:
     def __delattr__(self, attr):
         self._fleet_ask("delattr", attr)
 
-    def __call__(self, *args, **kwargs):
-        return self._fleet_ask("hcall", list(args), kwargs)
+    def __call__(self, *args, **kwargs):  # the arguments one by one: their list is the wire's, not a test's
+        boundary = self._fleet_boundary
+        given = boundary.gives([*args, *kwargs.values()])
+        named = [[boundary.wire.encode(k), v] for k, v in zip(kwargs, given[len(args) :], strict=True)]
+        return boundary.request(["hcall", boundary.number_of(self), ["l", given[: len(args)]], ["d", named]])
 
     def __getitem__(self, key):
         return self._fleet_ask("item", key)
@@ -1183,9 +1188,19 @@ class Boundary:
         return exc
 
     def call(self, name, args, kwargs):
-        return self.request(
-            ["call", name, [self.give(a) for a in args], [[k, self.give(v)] for k, v in kwargs.items()]]
-        )
+        given = self.gives([*args, *kwargs.values()])
+        named = [list(pair) for pair in zip(kwargs, given[len(args) :], strict=True)]
+        return self.request(["call", name, given[: len(args)], named])
+
+    def gives(self, values):
+        """`give` of each of `values`, for one message: where one cannot cross, the containers of
+        the tests registered for the others are forgotten (the code never receives them)."""
+        first = self.shared_made
+        try:
+            return [self.give(v) for v in values]
+        except BaseException:
+            self.shared.apply([], list(range(first + 1, self.shared_made + 1)))
+            raise
 
     def stub(self, name):
         """A function of the code under test, as the tests hold it (named: pytest's ids and
@@ -1234,14 +1249,15 @@ class Boundary:
             if shared is not None:
                 return ["ref", shared]
             self.shared_made += 1
-            self.shared.add(self.shared_made, value)
+            number = self.shared_made  # its items may be containers of the tests too: numbered after it
+            self.shared.add(number, value)
             try:
                 content = self.shared.content(value, depth)
             except wire.NotPlainData:  # it holds what cannot cross: said below
-                self.shared.apply([], [self.shared_made])
+                self.shared.apply([], [number])
             else:
-                self.shared.settle(self.shared_made)
-                return ["ref", self.shared_made, content]
+                self.shared.settle(number)
+                return ["ref", number, content]
         packed = pack(wire, value, depth, self.give)
         if packed is not None:
             return packed
@@ -1299,7 +1315,7 @@ class Boundary:
                 raise self.wire.NotPlainData("a malformed call of a callable of the tests")
             named = {str(p[0]): self.receive(p[1]) for p in kwargs if type(p) is list and len(p) == 2}
             result = self.callbacks[number](*(self.receive(a) for a in args), **named)
-            return ["cbok", self.give(result)]
+            return ["cbok", *self.gives([result])]
         except BaseException as exc:
             if isinstance(exc, Exception) and not isinstance(exc, self.wire.NotPlainData):
                 return ["cberr", builtin_base(type(exc))]

@@ -547,6 +547,22 @@ def sort_in_place(items):
     items.sort()
 
 
+HELD = []
+
+
+def hold(lists):
+    HELD.append(lists)
+
+
+def held():
+    return [len(items) for items in HELD[-1]]
+
+
+def sort_all(lists, key=None):
+    for items in lists:
+        items.sort(key=key)
+
+
 def remember(store):
     def put(key, value):
         store[key] = value
@@ -703,6 +719,14 @@ def test_the_tests_containers_are_the_codes_by_reference(code):
     outer = [inner, 0]
     sort_in_place(outer[0])
     assert outer[0] is inner and inner == [8, 9]
+    first, second = [2, 1], [4, 3]  # containers inside a container: each numbered after it
+    side.request(["get", "objects:sort_all"])([first, second], key=None)
+    assert (first, second) == ([1, 2], [3, 4])
+    pair = [first, second]
+    side.request(["get", "objects:hold"])(pair)  # the code keeps the list and the two in it
+    pair.append([5, 6, 7])
+    first.append(0)
+    assert side.request(["get", "objects:held"])() == [3, 2, 3]  # each change reached its own
     store = {}
     put = remember(store)  # the code keeps the test's dict and fills it on later calls
     assert put("a", 1) == 1 and store == {"a": 1}
