@@ -216,6 +216,7 @@ def agreement(workspace, task: Task, repo: Path, suite: Suite, count: int) -> di
     counted = {i for i in set(plan.passing) & (base_plain or set()) if canonical(i) == i}
     pairs = agree = killed = looped = 0
     disagreements: list[str] = []
+    unfinished: list[str] = []  # jobs that ended without a verdict, or whose plain report was contradicted
     walls: list[float] = []
     for mutant in mutants(repo, suite.package, count):
         plain, _ = plain_pytest(repo, workspace.env_path, suite.test_command, mutant, max(60, 10 * base_s))
@@ -227,6 +228,16 @@ def agreement(workspace, task: Task, repo: Path, suite: Suite, count: int) -> di
         walls.append(time.perf_counter() - start)
         tests = evidence.tests
         judged_failing = set(tests.failing) if tests is not None else counted
+        if tests is None or tests.status in ("timeout", "error") or tests.contradicted:
+            why = "no report" if tests is None else tests.status
+            why += (
+                f", contradicted by {tests.contradicted[:3]}"
+                if tests is not None and tests.contradicted
+                else ""
+            )
+            unfinished.append(
+                f"{mutant.path}:{mutant.line} {why}: {(tests.first_failure if tests else '')[:200]}"
+            )
         if tests is not None and tests.status in ("timeout", "error"):
             judged_failing = counted
         plain_failing = counted - plain
@@ -243,6 +254,7 @@ def agreement(workspace, task: Task, repo: Path, suite: Suite, count: int) -> di
         "agree": agree,
         "agreement": round(agree / pairs, 5) if pairs else None,
         "disagreements": disagreements[:20],
+        "unfinished": unfinished,
         "judge_job_s_median": round(sorted(walls)[len(walls) // 2], 2) if walls else None,
     }
 

@@ -214,9 +214,13 @@ class Mutant:
 def mutants(repo: Path, package: str, count: int, seed: int = 0) -> list[Mutant]:
     """`count` single-line mutants of the Python files under `package` (a folder or one module),
     each a one-token swap (`_SWAPS`, or an integer plus one) that still compiles, on distinct
-    lines while there are enough; drawn with `seed`, so a run can be repeated."""
+    lines while there are enough; drawn with `seed`, so a run can be repeated. Only files the
+    repository tracks: a module its build writes (humanize's `_version.py`, ignored by git) is
+    not in the checkout the judge sees, so a patch of it cannot apply."""
     root = repo / package
-    files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, check=True)
+    tracked = {repo / name for name in listed.stdout.decode().split("\0") if name}
+    files = [f for f in (sorted(root.rglob("*.py")) if root.is_dir() else [root]) if f in tracked]
     candidates: list[tuple[Path, tokenize.TokenInfo, str]] = []
     for file in files:
         if any(part.startswith("test") for part in file.relative_to(repo).parts):
