@@ -230,15 +230,19 @@ class Bound:
     program_mb: int = 0
 
     @property
+    def others(self) -> int:
+        """The processes that share `address_space_mb` (all but pid 1 and a program of ours)."""
+        return self.processes - 2 if self.program_mb else self.processes
+
+    @property
     def total_mb(self) -> int:
-        own = [mb for mb in (self.pid1_mb, self.program_mb) if mb]
-        shared = self.address_space_mb * (self.processes - len(own))
-        return sum(own) + shared + self.work_mb + self.shm_mb
+        shared = self.address_space_mb * self.others
+        return self.pid1_mb + self.program_mb + shared + self.work_mb + self.shm_mb
 
     def describe(self, memory_mb: int) -> str:
         own = (
             f"{self.pid1_mb} MB (pid 1) + {self.program_mb} MB (our program) + "
-            f"{self.address_space_mb} MB address space per process x {self.processes - 2} others"
+            f"{self.address_space_mb} MB address space per process x {self.others} others"
             if self.program_mb
             else f"{self.address_space_mb} MB address space per process x {self.processes} processes"
         )
@@ -259,9 +263,9 @@ def bound(limits: SandboxLimits, cgroup: bool, program_mb: int = 0) -> Bound | s
     shm = max(1, min(limits.work_dir_mb, memory // 16))  # a tmpfs of size 0 would be unlimited
     work = max(1, min(limits.work_dir_mb, memory // 4 - shm))
     rest = memory - work - shm
-    shared = rest - PID1_MB - program_mb
-    others = min(limits.max_processes - 2, max(1, shared // _OWN_PROGRAM_SHARE_MB))
-    if program_mb and others >= 1:
+    if program_mb and limits.max_processes > 2:  # room for pid 1, the program and one more
+        shared = rest - PID1_MB - program_mb
+        others = min(limits.max_processes - 2, max(1, shared // _OWN_PROGRAM_SHARE_MB))
         address_space = min(memory, shared // others)
         processes, own = others + 2, {"pid1_mb": PID1_MB, "program_mb": program_mb}
     else:

@@ -237,13 +237,15 @@ class Shared:
         self.wire, self.item, self.convert = wire, item, convert  # give/share, receive/take
         self.entries = {}  # number -> [container, its items as last synced (`shallow`)]
         self.numbers = {}  # id(container) -> number
+        self.referenced = set()  # numbers the message being made names (the code process's)
         self.busy = False
 
     def number(self, value):
         """`value`'s number, if it is a container of the tests here (by identity: an id of a
         container gone may be another object's now)."""
-        entry = self.entries.get(self.numbers.get(id(value)))
-        return self.numbers[id(value)] if entry is not None and entry[0] is value else None
+        number = self.numbers.get(id(value))
+        entry = self.entries.get(number)
+        return number if entry is not None and entry[0] is value else None
 
     def add(self, number, value):
         self.entries[number] = [value, None]
@@ -309,15 +311,35 @@ class Shared:
             if entry is not None:
                 self.numbers.pop(id(entry[0]), None)
 
-    def unheld(self, named):
-        """The numbers of the containers nothing but this registry holds, but those `named` (the
-        code process's: dropped once their last change is sent)."""
+    def unheld(self):
+        """The numbers of the containers nothing but this registry holds, but those the message
+        being made names (the code process's: dropped once their last change is sent)."""
+        named, self.referenced = self.referenced, set()
         gone = [
             n for n, entry in list(self.entries.items()) if sys.getrefcount(entry[0]) <= 2 and n not in named
         ]
         for number in gone:
             self.numbers.pop(id(self.entries.pop(number)[0]), None)
         return gone
+
+    def send(self, sock, message, forget=False):
+        """`message` on `sock`, after a sync of what changed here since the last (with `forget`,
+        and of the containers this side no longer holds: the code process's)."""
+        updates = self.changes()
+        forgotten = self.unheld() if forget else []
+        if updates or forgotten:
+            self.wire.send(sock, ["sync", updates, forgotten])
+        self.wire.send(sock, message)
+
+    def recv(self, sock, dropped=()):
+        """The next message on `sock`, the syncs before it made so here (one that raises one of
+        `dropped` is left out)."""
+        while True:
+            message = self.wire.recv(sock)
+            if not (type(message) is list and len(message) == 3 and message[0] == "sync"):
+                return message
+            with contextlib.suppress(*dropped):
+                self.apply(message[1], message[2])
 
 
 def shallow(container):
@@ -405,25 +427,16 @@ class CodeSide:
         self.objects = {}
         self.numbers = {}
         self.shared = Shared(wire, lambda v, d: self.share(v, d), self.take)
-        self.referenced = set()  # the tests' containers the message being made names
 
     def send(self, message):
-        """`message` to the test process, after what changed in the tests' containers here (and
-        which of them this process no longer holds, but those `message` names)."""
-        updates, forgotten = self.shared.changes(), self.shared.unheld(self.referenced)
-        self.referenced.clear()
-        if updates or forgotten:
-            self.wire.send(self.sock, ["sync", updates, forgotten])
-        self.wire.send(self.sock, message)
+        """`message` to the test process, after what changed in the tests' containers here and
+        which of them this process no longer holds."""
+        self.shared.send(self.sock, message, forget=True)
 
     def recv(self):
-        """The test process's next message, what changed in its containers applied here first."""
-        while True:
-            message = self.wire.recv(self.sock)
-            if not (type(message) is list and len(message) == 3 and message[0] == "sync"):
-                return message
-            with contextlib.suppress(self.wire.NotPlainData, TypeError, ValueError, IndexError):
-                self.shared.apply(message[1], message[2])
+        """The test process's next message; a sync of what this process cannot make so (a
+        container it never received) is left out rather than ending the process."""
+        return self.shared.recv(self.sock, (self.wire.NotPlainData, TypeError, ValueError, IndexError))
 
     def handle(self, value):
         number = self.numbers.get(id(value))
@@ -442,7 +455,7 @@ class CodeSide:
         wire = self.wire
         number = self.shared.number(value)
         if number is not None:
-            self.referenced.add(number)
+            self.shared.referenced.add(number)
             return ["ref", number]
         if not (self.shared.entries and type(value) in (list, tuple, dict)):  # none of theirs inside
             try:
@@ -1154,19 +1167,12 @@ class Boundary:
 
     def send(self, message):
         """`message` to the code process, after what changed in the tests' containers it holds."""
-        updates = self.shared.changes()
-        if updates:
-            self.wire.send(self.sock, ["sync", updates, []])
-        self.wire.send(self.sock, message)
+        self.shared.send(self.sock, message)
 
     def recv(self):
         """The code process's next message, what it changed in the tests' containers made so here
-        first."""
-        while True:
-            message = self.wire.recv(self.sock)
-            if not (type(message) is list and len(message) == 3 and message[0] == "sync"):
-                return message
-            self.shared.apply(message[1], message[2])
+        first (a malformed sync fails the test as cannot cross)."""
+        return self.shared.recv(self.sock)
 
     def restore(self, exc, text, state):
         """The code's exception with its arguments and attributes (values and handles); its text
