@@ -195,6 +195,21 @@ def test_a_test_command_that_hangs_or_forks_is_bounded(tmp_path, root, program, 
 
 
 @needs_sandbox
+def test_a_report_over_the_output_limit_is_said_so_never_a_patch_that_does_not_apply(tmp_path, root):
+    # packaging 24.1's 7,779 test ids made a 2.6 MB report: cut at the old 400,000 characters,
+    # the first patch of a real project read "does not apply: the run ended before its report"
+    many = "import pytest\n\n\n@pytest.mark.parametrize('n', range(300))\ndef test_n(n):\n    assert n >= 0\n"
+    source = make_repo(tmp_path / "src", {"a.py": "x = 1\n", "tests/test_a.py": many})
+    ws = prepare_workspace("report", RepoSpec(url=str(source)), root)
+    assert ws.baseline is not None and ws.baseline.passed == 300
+    comment = "--- a/a.py\n+++ b/a.py\n@@ -1 +1,2 @@\n+# a comment\n x = 1\n"
+    small = RepoRunLimits(max_output_chars=5_000)
+    evidence = score_patch(ws, comment, limits=small)
+    assert "the job's report was cut: its output passed max_output_chars (5,000)" in evidence.not_run
+    assert score_patch(ws, comment).tests.passed == 300  # the default holds it
+
+
+@needs_sandbox
 def test_a_patch_cannot_write_outside_the_sandboxed_copy(tmp_path, root):
     source = make_repo(
         tmp_path / "src",
