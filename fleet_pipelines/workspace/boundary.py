@@ -405,6 +405,13 @@ BINARY |= {
 UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": abs, "invert": operator.invert}
 UNARY |= {"round": round, "trunc": math.trunc, "floor": math.floor, "ceil": math.ceil}
 ARITHMETIC = (*(f"__{r}{n}__" for n in BINARY for r in ("", "r")), *(f"__{n}__" for n in UNARY))
+# What the code computes itself where no value of the tests takes part, as a method of its own:
+# arithmetic between two of its objects (pyparsing's `Forward() << Word(alphas)`, in place too:
+# `expr <<= other`) and an operator of one alone (`~expr`, `-duration`). With an operand of the
+# tests, the test side computes on plain values (`Handle`): the code is never handed one.
+CODE_OPERATORS = {n: getattr(operator, f"{n}_" if n in ("and", "or") else n) for n in BINARY if n != "divmod"}
+CODE_OPERATORS |= {f"i{n}": getattr(operator, f"i{n}") for n in BINARY if n != "divmod"}
+CODE_OPERATORS |= {"divmod": divmod, **UNARY}
 MAX_NAMES = 10_000  # attribute names of a class a class of the tests derives from, at most
 MAX_STATE = 100_000  # characters of an exception's arguments and attributes on the wire, at most
 
@@ -426,6 +433,7 @@ class CodeSide:
         self.sock = sock
         self.objects = {}
         self.numbers = {}
+        self.derived = {}  # id -> a class made here for the tests (`derive`): its instances say so
         self.shared = Shared(wire, lambda v, d: self.share(v, d), self.take)
 
     def send(self, message):
@@ -446,7 +454,35 @@ class CodeSide:
         if isinstance(value, type):
             return ["h", number, f"class {qualified(value)}"[:200], "t"]
         base = next((b.__name__ for b, _ in PLAIN_OF if issubclass(type(value), b)), "")
+        if not base and self.derived.get(id(type(value))) is type(value):
+            base = f"d{self.handle(type(value))[1]}"  # an instance of a class of the tests' (`derive`)
         return ["h", number, qualified(type(value))[:200], base or ("c" if callable(value) else "")]
+
+    def member(self, spec):
+        """A member of a class the tests derive (`derive`): a value, a method of the tests (called
+        back: a function here, so that it binds as one), a static or class method, a property of
+        them, or a plain nested class of such members (marshmallow's `class Meta`)."""
+        tag, data = spec
+        if tag == "v":
+            return self.take(data)
+        if tag == "k":
+            return type(str(data[0]), (), {str(k): self.member(v) for k, v in data[1]})
+        if tag == "p":
+            return property(*(None if d is None else as_method(self.take(d)) for d in data))
+        function = as_method(self.take(data))
+        return {"f": function, "s": staticmethod(function), "c": classmethod(function)}[tag]
+
+    def derive(self, name, bases, members, keywords):
+        """A class of the tests that derives from classes of the code, made here by the code's
+        own metaclass (as the class statement would make it): its methods are the tests',
+        called back."""
+        namespace = {str(k): self.member(v) for k, v in members}
+        keywords = {str(k): self.take(v) for k, v in keywords}
+        made = types.new_class(
+            str(name), tuple(self.take(b) for b in bases), keywords, lambda n: n.update(namespace)
+        )
+        self.derived[id(made)] = made
+        return ["ok", self.share(made)]
 
     def share(self, value, depth=0, handles=True):
         """`value` as plain data where it is (`by_value`'s values too); containers of the builtin
@@ -537,6 +573,8 @@ class CodeSide:
         if kind == "import":
             importlib.import_module(name)
             return ["ok", None]
+        if kind == "derive":
+            return self.derive(name, *request[2:5])
         if kind in ("get", "call"):
             module_name, _, attr = name.partition(":")
             module = importlib.import_module(module_name)
@@ -581,6 +619,10 @@ class CodeSide:
                 return ["ok", self.share(next(value))]
             except StopIteration:  # the iteration's end, said as such: never an exception that crosses
                 return ITERATION_END
+        elif kind == "operator":  # arithmetic of objects of the code alone: no value of the tests
+            return ["ok", self.share(CODE_OPERATORS[rest[0]](value, *rest[1:]))]
+        elif kind == "super":  # a method of the tests' class calls its base's (`super().name`)
+            return ["ok", self.share(getattr(super(value, rest[0]), str(rest[1])))]
         elif kind == "names":  # what a class of the tests deriving from this one would inherit
             return ["ok", wire.encode([n for n in dir(value) if type(n) is str][:MAX_NAMES])]
         elif kind == "copy":  # made by the code's own copy protocol, in this process
@@ -654,6 +696,18 @@ class CodeSide:
             if type(request) is list and len(request) == 2 and request[0] == "cberr":
                 raise builtin_exception(request[1])("raised by a callable of the tests")  # its class only
             self.send(self.reply(request))
+
+
+def as_method(callback):
+    """A callable of the tests as a function of this process: it binds as a method does."""
+
+    def method(*args, **kwargs):
+        return callback(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = getattr(callback, "__name__", "method")
+    if hasattr(callback, "__signature__"):
+        method.__signature__ = callback.__signature__
+    return method
 
 
 class Callback:
@@ -791,16 +845,19 @@ class Handle:
     exception's builtin class and never suppresses it."""
 
     __slots__ = ("_fleet_boundary", "_fleet_generation", "_fleet_kind", "_fleet_label", "_fleet_number")
-    __slots__ += ("_fleet_origin",)
+    __slots__ += ("_fleet_origin", "_fleet_local")
 
-    def __init__(self, boundary, number, label, kind):
+    def __init__(self, boundary, number, label, kind, local=None):
         fields = {"boundary": boundary, "number": number, "label": label, "kind": kind, "origin": ""}
+        fields["local"] = local  # a class of the tests' (`derive`): its class here, for super()
         for name, value in (*fields.items(), ("generation", boundary.generation)):
             object.__setattr__(self, f"_fleet_{name}", value)
 
     def _fleet_ask(self, kind, *args):
         boundary = self._fleet_boundary
-        return boundary.request([kind, boundary.number_of(self), *boundary.gives(args)])
+        result = boundary.request([kind, boundary.number_of(self), *boundary.gives(args)])
+        boundary.used([self], kind, result)
+        return result
 
     def _fleet_held(self):
         """The plain value the object holds and the arithmetic operators its class defines for
@@ -850,7 +907,8 @@ class Handle:
         boundary = self._fleet_boundary
         given = boundary.gives([*args, *kwargs.values()])
         named = [[boundary.wire.encode(k), v] for k, v in zip(kwargs, given[len(args) :], strict=True)]
-        return boundary.request(["hcall", boundary.number_of(self), ["l", given[: len(args)]], ["d", named]])
+        made = boundary.request(["hcall", boundary.number_of(self), ["l", given[: len(args)]], ["d", named]])
+        return boundary.made_by(made, self, args, kwargs)
 
     def __getitem__(self, key):
         return self._fleet_ask("item", key)
@@ -911,10 +969,10 @@ class Handle:
 
     @property
     def __class__(self):  # isinstance(x, tuple) holds for a namedtuple of the code; type(x) is Handle
-        return PLAIN_CLASSES.get(self._fleet_kind, Handle)
+        return self._fleet_local or PLAIN_CLASSES.get(self._fleet_kind, Handle)
 
-    def __mro_entries__(self, bases):  # a class of the tests derives from this one: a stand-in
-        return (stand_in(self),)
+    def __mro_entries__(self, bases):  # a class of the tests derives from this one: `Deriving`
+        return (type.__new__(Deriving, "deriving", (), {"__module__": __name__}),)
 
     def __reduce_ex__(self, protocol):
         raise self._fleet_boundary.wire.NotPlainData(
@@ -937,6 +995,55 @@ class Handle:
     def __hash__(self):  # the plain value's, else the object's identity (a class as a typing key)
         held = self._fleet_held()
         return hash(held[0]) if held is not NO_VALUE else object.__hash__(self)
+
+
+class Deriving(type):
+    """The metaclass of a class statement of the tests whose bases are classes of the code:
+    the class is made in the code process (`Boundary.derive`), by the code's own metaclass, and
+    the name binds its handle (marshmallow's tests derive their schemas and fields). Where its
+    bases mix classes of the tests in, or a member cannot cross, the bases are stand-ins
+    (`stand_in`): the class is defined, not usable."""
+
+    def __new__(mcs, name, bases, namespace, **keywords):
+        original = namespace.get("__orig_bases__", bases)
+        handles = [b for b in original if isinstance(b, Handle)]
+        boundary = handles[0]._fleet_boundary
+        try:
+            if len(handles) != len(original) or any(
+                h._fleet_boundary is not boundary or h._fleet_kind != "t" for h in handles
+            ):
+                raise boundary.wire.NotPlainData("a class of the tests among the bases")
+            return boundary.derive(name, handles, namespace, keywords)
+        except boundary.wire.NotPlainData:
+            stand_ins = tuple(stand_in(b) if isinstance(b, Handle) else b for b in original)
+            return types.new_class(name, stand_ins, keywords, lambda n: n.update(namespace))
+
+
+def bridge(handle):
+    """The test side's class for a class the tests derived (`Boundary.derive`), which the
+    handles of its instances give as their `__class__`, so that `super()` works in the tests'
+    methods: each name the class has but its own dunders (and `SUPER_DUNDERS`) is the base's, as
+    `super(cls, obj).name` gives it in the code process."""
+    boundary = handle._fleet_boundary
+
+    class Inherited:
+        def __set_name__(self, owner, name):
+            self.name = name
+
+        def __get__(self, instance, owner=None):
+            if instance is None:
+                return getattr(handle, self.name)
+            return boundary.request(
+                ["super", boundary.number_of(handle), *boundary.gives([instance, self.name])]
+            )
+
+    names = handle._fleet_ask("names")
+    inherited = {n: Inherited() for n in names if not n.startswith("__") or n in SUPER_DUNDERS}
+    return type(f"{handle._fleet_label} (of the code under test)", (), inherited)
+
+
+SUPER_DUNDERS = frozenset({"__init__", "__post_init__", "__call__", "__repr__", "__str__", "__getattr__"})
+SUPER_DUNDERS |= {"__getitem__", "__setitem__", "__delitem__", "__iter__", "__len__", "__enter__", "__exit__"}
 
 
 def stand_in(handle):
@@ -988,8 +1095,13 @@ def _operands(handle, other, symbol, operators=()):
     return handle._fleet_plain(symbol, operators), other
 
 
-def _binary(function, symbol, operators=(), reflected=False):
+def _binary(function, symbol, operators=(), reflected=False, name=""):
+    """An operator on the test side (`_operands`); arithmetic (`name`) with another object of the
+    code is the code's own (`CODE_OPERATORS`)."""
+
     def method(self, other):
+        if name and not reflected and isinstance(other, Handle):
+            return self._fleet_ask("operator", name, other)
         values = _operands(self, other, symbol, operators)
         if values is None:
             return NotImplemented
@@ -998,8 +1110,26 @@ def _binary(function, symbol, operators=(), reflected=False):
     return method
 
 
-def _unary(function, symbol, operators=()):
-    return lambda self, *args: function(self._fleet_plain(symbol, operators), *args)
+def _in_place(name):
+    """`a op= b`: the code's own with another object of the code; else Python's fallback to the
+    plain operator (`a = a op b`, on the test side)."""
+
+    def method(self, other):
+        return self._fleet_ask("operator", name, other) if isinstance(other, Handle) else NotImplemented
+
+    return method
+
+
+def _unary(function, symbol, name):
+    """An operator of the object alone is the code's own (no value of the tests takes part);
+    `round(x, n)`, with an operand of the tests, on the test side."""
+
+    def method(self, *args):
+        if not args:
+            return self._fleet_ask("operator", name)
+        return function(self._fleet_plain(symbol, (f"__{name}__",)), *args)
+
+    return method
 
 
 def _equality(same):
@@ -1021,16 +1151,16 @@ Handle.__eq__, Handle.__ne__ = _equality(True), _equality(False)
 for _name, _symbol in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">=")):
     setattr(Handle, f"__{_name}__", _binary(getattr(operator, _name), _symbol))
 for _name, _symbol in BINARY.items():
-    _function = (
-        divmod if _name == "divmod" else getattr(operator, f"{_name}_" if _name in ("and", "or") else _name)
-    )
+    _function = CODE_OPERATORS[_name]
     _own = (f"__{_name}__", f"__r{_name}__")
-    setattr(Handle, f"__{_name}__", _binary(_function, _symbol, _own))
+    setattr(Handle, f"__{_name}__", _binary(_function, _symbol, _own, name=_name))
     setattr(Handle, f"__r{_name}__", _binary(_function, _symbol, _own, reflected=True))
+    if _name != "divmod":
+        setattr(Handle, f"__i{_name}__", _in_place(f"i{_name}"))
 for _name, _function in UNARY.items():
-    setattr(Handle, f"__{_name}__", _unary(_function, f"{_name}()", (f"__{_name}__",)))
+    setattr(Handle, f"__{_name}__", _unary(_function, f"{_name}()", _name))
 for _name, _function in (("int", int), ("float", float), ("complex", complex), ("index", operator.index)):
-    setattr(Handle, f"__{_name}__", _unary(_function, f"{_name}()"))
+    setattr(Handle, f"__{_name}__", lambda self, f=_function, w=f"{_name}()": f(self._fleet_plain(w)))
 
 
 class Boundary:
@@ -1055,6 +1185,7 @@ class Boundary:
         self.shared = Shared(wire, self.give, self.receive)  # the tests' containers the code holds
         self.shared_made = 0
         self.pending = None  # pytest's outcome raised in a callable of the tests, raised again after
+        self.collected = False  # the test modules are imported: what they made, they made (`made_by`)
 
     def exception_class(self, name, base):
         """The test process's own class for the repository's exception class `name` (one per
@@ -1196,17 +1327,116 @@ class Boundary:
     def call(self, name, args, kwargs):
         given = self.gives([*args, *kwargs.values()])
         named = [list(pair) for pair in zip(kwargs, given[len(args) :], strict=True)]
-        return self.request(["call", name, given[: len(args)], named])
+        return self.made_by(self.request(["call", name, given[: len(args)], named]), name, args, kwargs)
 
-    def gives(self, values):
-        """`give` of each of `values`, for one message: where one cannot cross, the containers of
-        the tests registered for the others are forgotten (the code never receives them)."""
+    @contextlib.contextmanager
+    def giving(self):
+        """One message's `give`s: where one cannot cross, the containers of the tests registered
+        for the others are forgotten (the code never receives them)."""
         first = self.shared_made
         try:
-            return [self.give(v) for v in values]
+            yield
         except BaseException:
             self.shared.apply([], list(range(first + 1, self.shared_made + 1)))
             raise
+
+    def gives(self, values):
+        with self.giving():
+            return [self.give(v) for v in values]
+
+    def made_by(self, made, callee, args, kwargs):
+        """`made`, a new object of the code, with how it was made (`callee`: a handle, or a
+        function's "module:name") where that can be done again in a fresh code process: a hidden
+        test's module-level object (marshmallow's `schema = UserSchema()`) is made again for each
+        hidden test, as importing the module would make it. What a test changed in it since is
+        not."""
+        self.used([*args, *kwargs.values()])
+        if (
+            type(made) is Handle
+            and not made._fleet_origin
+            and self.replayable([callee, *args, *kwargs.values()])
+        ):
+            object.__setattr__(made, "_fleet_origin", ("call", callee, args, dict(kwargs)))
+        return made
+
+    def used(self, values, kind="call", result=None):
+        """While the test modules are imported, an object they made that they then change (set an
+        attribute or an item, take a method, hand it to the code) is not made again in a fresh
+        code process, which would not hold that change: there it names nothing."""
+        if self.collected:
+            return
+        changes = kind in ("setattr", "delattr", "setitem", "delitem", "call")
+        changes = changes or (kind == "attr" and type(result) is Handle and result._fleet_kind == "c")
+        for value in values if changes else ():
+            if type(value) is tuple:  # (a list of the tests is no object the modules made again)
+                self.used(value)
+            elif type(value) is Handle and type(value._fleet_origin) is tuple:
+                object.__setattr__(value, "_fleet_origin", "")
+
+    def replayable(self, values):
+        """Whether each of `values` is the same in a fresh code process: an immutable builtin
+        value, or a handle that can be found or made again."""
+        for value in values:
+            if type(value) is tuple:
+                if not self.replayable(value):
+                    return False
+            elif type(value) is Handle:
+                if not value._fleet_origin:
+                    return False
+            elif type(value) not in (str, int, float, bool, bytes, type(None)):
+                return False
+        return True
+
+    def replay(self, origin):
+        """The object a handle held made again in this code process, as it was made first."""
+        if origin[0] == "derive":
+            return self.derived(*origin[1:])
+        _, callee, args, kwargs = origin
+        return self.call(callee, args, kwargs) if type(callee) is str else callee(*args, **kwargs)
+
+    def member(self, value):
+        """A member of a class of the tests derived from the code's (`derive`), for the wire: a
+        method (called back), a static or class method, a property, a plain nested class, or a
+        value as `give` gives it."""
+        kind = type(value)
+        if kind is types.FunctionType:
+            return ["f", self.give(value)]
+        if kind in (staticmethod, classmethod) and type(value.__func__) is types.FunctionType:
+            return ["s" if kind is staticmethod else "c", self.give(value.__func__)]
+        if kind is property:
+            return ["p", [None if f is None else self.give(f) for f in (value.fget, value.fset, value.fdel)]]
+        if kind is type and value.__bases__ == (object,):
+            members = [
+                [k, self.member(v)] for k, v in vars(value).items() if k not in ("__dict__", "__weakref__")
+            ]
+            return ["k", [value.__name__, members]]
+        return ["v", self.give(value)]
+
+    def derived(self, name, bases, namespace, keywords):
+        """The class the code process makes of a class statement of the tests (`Deriving`)."""
+        with self.giving():
+            skip = ("__orig_bases__", "__classcell__")
+            members = [[str(k), self.member(v)] for k, v in namespace.items() if k not in skip]
+            named = [[str(k), self.give(v)] for k, v in keywords.items()]
+            given = [self.give(b) for b in bases]
+        return self.request(["derive", name, given, members, named])
+
+    def derive(self, name, bases, namespace, keywords):
+        """A class of the tests that derives from classes of the code (`bases`), made in the code
+        process by the code's metaclass: its methods run here, called back with its instances as
+        handles, whose `__class__` is a class of this side (`bridge`) so that `super()` reaches
+        the base's methods. It is made again in a fresh code process (each hidden test's)."""
+        made = self.derived(name, bases, namespace, keywords)
+        if type(made) is not Handle or made._fleet_kind != "t":
+            raise self.wire.NotPlainData("the code under test made no class of the class statement")
+        parents = tuple(b._fleet_local for b in bases if b._fleet_local is not None)
+        module, qualname = namespace.get("__module__", __name__), namespace.get("__qualname__", name)
+        local = type(name, (bridge(made), *parents), {"__module__": module, "__qualname__": qualname})
+        if "__classcell__" in namespace:  # `super()` and `__class__` in its methods
+            namespace["__classcell__"].cell_contents = local
+        object.__setattr__(made, "_fleet_local", local)
+        object.__setattr__(made, "_fleet_origin", ("derive", name, tuple(bases), dict(namespace), keywords))
+        return made
 
     def stub(self, name):
         """A function of the code under test, as the tests hold it (named: pytest's ids and
@@ -1230,9 +1460,12 @@ class Boundary:
                 f"a {handle._fleet_label} of the code under test made for an earlier test (each hidden "
                 "test has a fresh code process)"
             )
-        found = self.request(["get", handle._fleet_origin])
-        if not isinstance(found, Handle):
-            raise self.wire.NotPlainData(f"{handle._fleet_origin} is no longer an object of the code")
+        origin = handle._fleet_origin
+        found = self.request(["get", origin]) if type(origin) is str else self.replay(origin)
+        if type(found) is not Handle:
+            what = origin if type(origin) is str else f"a {handle._fleet_label}"
+            raise self.wire.NotPlainData(f"{what} is no longer an object of the code")
+        object.__setattr__(found, "_fleet_local", handle._fleet_local)
         object.__setattr__(handle, "_fleet_number", found._fleet_number)
         object.__setattr__(handle, "_fleet_generation", self.generation)
         return handle._fleet_number
@@ -1296,7 +1529,11 @@ class Boundary:
             handle = self.handles.get(data[1])
             if handle is None:
                 label, kind = str(data[2])[:200], data[3] if data[3] in ("t", "c", *PLAIN_CLASSES) else ""
-                handle = self.handles[data[1]] = Handle(self, data[1], label, kind)
+                local = None  # an instance of a class the tests derived: that class's, here
+                if type(data[3]) is str and data[3][:1] == "d" and data[3][1:].isdigit():
+                    owner = self.handles.get(int(data[3][1:]))
+                    local = owner._fleet_local if owner is not None else None
+                handle = self.handles[data[1]] = Handle(self, data[1], label, kind, local)
             return handle
         if type(data) is list and len(data) == 2 and data[0] == "ref" and type(data[1]) is int:
             entry = self.shared.entries.get(data[1])
@@ -1845,6 +2082,7 @@ def _session(
             self.crossed = set()
 
         def pytest_collection_finish(self, session):
+            boundary.collected = True  # what the modules made is made again for each hidden test
             for item in session.items:
                 _emit(result_fd, {"collected": item.nodeid})
 

@@ -493,9 +493,22 @@ class Bag:
 class Base:
     KIND = "base"
 
+    def __init__(self, size=1):
+        self.size = size
+
     @classmethod
     def make(cls):
         return cls()
+
+    def describe(self):
+        return f"{self.KIND} of {self.size}"
+
+    def doubled(self):
+        return self.twice()  # a method the tests' class gives
+
+
+def made_by_code(cls):
+    return cls(5)
 
 
 class Lookup(collections.abc.Mapping):
@@ -516,6 +529,25 @@ class Lookup(collections.abc.Mapping):
 class Color(enum.Enum):
     RED = 1
     BLUE = 2
+
+
+class Rule:  # pyparsing's way: operators between its objects build new ones
+    def __init__(self, text):
+        self.text = text
+
+    def __add__(self, other):
+        SEEN.append(other if not isinstance(other, Rule) else "a rule")
+        return Rule(f"{self.text} {other.text}") if isinstance(other, Rule) else Rule(f"{self.text} {other}")
+
+    def __ilshift__(self, other):
+        self.text = f"<{other.text}>"
+        return self
+
+    def __invert__(self):
+        return Rule(f"not {self.text}")
+
+    def __neg__(self):
+        return -len(self.text)
 
 
 def favourite():
@@ -624,13 +656,16 @@ def test_objects_of_the_code_are_used_in_their_process_and_compared_in_the_tests
         _ = 5 in m  # Meter's own __contains__ would be handed 5
     assert seen() == []  # not one of the tests' operands reached the code
 
-    class Sub(side.request(["get", "objects:Base"])):  # a class of the tests: defined, not usable
-        @classmethod
+    class Helper:
+        pass
+
+    class Mixed(side.request(["get", "objects:Base"]), Helper):  # a class of the tests
+        @classmethod  # among its bases: defined, not usable
         def parse(cls):
             return super().make()
 
-    assert Sub.__name__ == "Sub" and getattr(Sub, "setup_class", None) is None  # pytest's probes
-    for use in (Sub, lambda: Sub.KIND, lambda: Sub.make, Sub.parse):
+    assert Mixed.__name__ == "Mixed" and getattr(Mixed, "setup_class", None) is None  # pytest's probes
+    for use in (Mixed, lambda: Mixed.KIND, lambda: Mixed.make, Mixed.parse):
         with pytest.raises(wire.NotPlainData, match=r"tests derives from a class objects\.Base"):
             use()
     assert {m: 1}[m] == 1 and {meter: 2}[meter] == 2  # hashed by identity: no plain value
@@ -657,6 +692,79 @@ def test_objects_of_the_code_are_used_in_their_process_and_compared_in_the_tests
     with pytest.raises(AssertionError), side.request(["get", "objects:suppressing"])([]):
         raise AssertionError("expected 42")  # never suppressed; the code gets the class only
     assert seen() == ["AssertionError()"]
+
+
+def test_a_class_of_the_tests_deriving_from_the_codes_is_made_by_the_code_and_its_methods_run_here(code):
+    """marshmallow's tests derive their schemas and fields from its classes: the class is made in
+    the code process, its methods are the tests' (called back, the instance a handle whose class
+    here makes super() work), and it is made again in a fresh code process."""
+    wire, side = code
+    Path(side.cwd, "objects.py").write_text(OBJECTS)
+    side.request(["import", "objects"])
+    ran = []
+
+    class Sub(side.request(["get", "objects:Base"])):
+        KIND = "sub"
+
+        class Meta:  # a plain nested class: made in the code process too
+            fields = ("size",)
+
+        def __init__(self, size=2):
+            ran.append(size)
+            super().__init__(size * 10)
+
+        def twice(self):
+            return self.size * 2
+
+        def describe(self):
+            return "the " + super().describe()
+
+        @classmethod
+        def parse(cls):
+            return super().make()
+
+        @property
+        def half(self):
+            return self.size / 2
+
+    class Deeper(Sub):  # from a class the tests derived: super() reaches each level
+        def describe(self):
+            return "deeper: " + super().describe()
+
+    schema = Sub(4)  # a module-level object, as a hidden test's module holds it
+    side.collected = True  # the test module is imported: the tests run
+    sub = Sub(3)
+    assert isinstance(sub, boundary.Handle) and isinstance(sub, Sub) and sub.size == 30 and ran == [4, 3]
+    assert sub.describe() == "the sub of 30" and sub.doubled() == 60 and sub.half == 15  # doubled: twice()
+    assert Sub.parse().size == 20 and Sub.Meta.fields == ("size",) and Sub.KIND == "sub"
+    assert side.request(["get", "objects:made_by_code"])(Sub).describe() == "the sub of 50"
+    assert Deeper(1).describe() == "deeper: the sub of 10"
+    side.restart()  # each hidden test's fresh code process: the classes and the object are made again
+    assert Sub(1).describe() == "the sub of 10" and Deeper(2).describe() == "deeper: the sub of 20"
+    assert schema.size == 40
+    with pytest.raises(wire.NotPlainData, match="holds no plain value"):
+        _ = Sub(1) == Sub(1)  # still compared on the test side
+
+
+def test_arithmetic_of_objects_of_the_code_alone_is_the_codes_own(code):
+    """`a + b`, `a <<= b` between two objects of the code and `~a` of one are computed by the code,
+    as its methods are (pyparsing builds its grammars so): no value of the tests takes part. With
+    an operand of the tests, the code's own arithmetic still never runs."""
+    wire, side = code
+    Path(side.cwd, "objects.py").write_text(OBJECTS)
+    side.request(["import", "objects"])
+    rule, seen = side.request(["get", "objects:Rule"]), side.request(["get", "objects:seen"])
+    both = rule("a") + rule("b")
+    assert isinstance(both, boundary.Handle) and both.text == "a b" and (~both).text == "not a b"
+    assert -both == -3  # a plain value the code computed from its object alone
+    forward = rule("f")
+    alias = forward
+    forward <<= both  # in place, as the code's class does it: every name of the object sees it
+    assert alias.text == "<a b>" and forward.text == "<a b>"
+    for with_theirs in (lambda: rule("a") + ",", lambda: "(" + rule("a"), lambda: rule("a") < rule("b")):
+        with pytest.raises(wire.NotPlainData, match="holds no plain value"):
+            with_theirs()
+    assert seen() == ["a rule"]  # the tests' "," and "(" never reached the code
 
 
 def test_the_tests_callables_run_in_the_tests_with_only_what_the_code_passes(code):
@@ -747,9 +855,10 @@ def test_a_handle_of_an_earlier_code_process_names_nothing_but_a_name_is_found_a
     Path(side.cwd, "objects.py").write_text(OBJECTS)
     side.request(["import", "objects"])
     meter = side.request(["get", "objects:Meter"])
-    m = meter(1)
+    m, kept = meter(1).add(2), meter(4)  # one changed after it was made (a method taken), one not
     side.restart()
     assert meter(7).value == 7  # the class, by its name, in the fresh process
+    assert kept.value == 4  # made again, as it was made
     with pytest.raises(wire.NotPlainData, match="made for an earlier test"):
         _ = m.value
 
