@@ -434,6 +434,7 @@ class CodeSide:
         self.objects = {}
         self.numbers = {}
         self.derived = {}  # id -> a class made here for the tests (`derive`): its instances say so
+        self.callbacks = {}  # number -> Callback
         self.shared = Shared(wire, lambda v, d: self.share(v, d), self.take)
 
     def send(self, message):
@@ -463,8 +464,9 @@ class CodeSide:
         back: a function here, so that it binds as one), a static or class method, a property of
         them, or a plain nested class of such members (marshmallow's `class Meta`)."""
         tag, data = spec
-        if tag == "v":
-            return self.take(data)
+        if tag == "v":  # a function of the tests a decorator of the code gave back: a method too
+            value = self.take(data)
+            return as_method(value) if type(value) is Callback else value
         if tag == "k":
             return type(str(data[0]), (), {str(k): self.member(v) for k, v in data[1]})
         if tag == "p":
@@ -520,8 +522,13 @@ class CodeSide:
         if type(data) is list and len(data) == 2 and data[0] == "n" and type(data[1]) is str:
             module_name, _, attr = data[1].partition(":")  # a function the tests hold by name
             return getattr(importlib.import_module(module_name), attr)
+        if type(data) is list and len(data) == 2 and data[0] == "mod" and type(data[1]) is str:
+            return importlib.import_module(data[1])  # a module the tests hold (marshmallow's render_module)
         if type(data) is list and len(data) == 4 and data[0] == "cb" and type(data[1]) is int:
-            return Callback(self, data[1], data[2], data[3])
+            known = self.callbacks.get(data[1])  # one object a callable: what the code sets on it stays
+            if known is None:
+                known = self.callbacks[data[1]] = Callback(self, data[1], data[2], data[3])
+            return known
         if type(data) is list and len(data) in (2, 3) and data[0] == "ref" and type(data[1]) is int:
             return self.take_shared(data, depth)
         if type(data) is list and len(data) == 2 and data[0] in ("h", "it", "in") and type(data[1]) is int:
@@ -704,6 +711,8 @@ def as_method(callback):
     def method(*args, **kwargs):
         return callback(*args, **kwargs)
 
+    ours = ("_side", "_number", "__name__", "__qualname__", "__signature__")
+    method.__dict__.update({k: v for k, v in vars(callback).items() if k not in ours})  # the code's marks
     method.__name__ = method.__qualname__ = getattr(callback, "__name__", "method")
     if hasattr(callback, "__signature__"):
         method.__signature__ = callback.__signature__
@@ -1483,6 +1492,10 @@ class Boundary:
             return tagged
         if kind is types.FunctionType and value in self.stubs:
             return ["n", self.stubs[value]]
+        if isinstance(value, types.ModuleType) and type(value.__name__) is str:
+            code = kind is RemoteModule  # the repository's, or one of neither side (the environment's)
+            if code or (value.__name__.partition(".")[0] not in self.names and value.__name__ in sys.modules):
+                return ["mod", value.__name__]  # imported by the code process, there
         if kind in SHARED_TYPES and len(value) <= MAX_SHARED_ITEMS:
             shared = self.shared.number(value)
             if shared is not None:
