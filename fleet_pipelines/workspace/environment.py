@@ -9,9 +9,10 @@ they install: a project's tests often need a plugin or library its package does 
 install is the only step of a deliberation that may use the network; it takes wheels only
 (`--only-binary :all:`), so no package's build code runs on the host.
 
-What became of the test dependencies is kept beside them (`STATUS_FILE`): a test group whose
-pins no wheel meets (one written for another Python) is left out with pip's reason, and the
-package's own dependencies are installed without it. So are the version modules the project's
+What became of the test dependencies is kept beside them (`STATUS_FILE`): one that no wheel
+meets is left out by name with pip's reason and the others install (`_install_tests`); a test
+group whose pins conflict (one written for another Python) is left out whole, and the package's
+own dependencies are installed without it. So are the version modules the project's
 build would generate, written into the checkout (`version_files`).
 """
 
@@ -200,6 +201,36 @@ def _pip_install(target: Path, wanted: list[str], constraints: Path) -> None:
         raise DependencyError(f"pip install {' '.join(wanted)} failed: {done.stderr.strip()[-800:]}")
 
 
+# pip's words for a requirement that no wheel here meets (zipp's `big-O` has an sdist only)
+_UNMET = re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _install_tests(
+    target: Path, wanted: list[str], tests: list[str], constraints: Path, status: dict
+) -> list[str]:
+    """The project's dependencies with its test dependencies: a test dependency that no wheel
+    meets is left out by name, with pip's reason, and the others are installed (zipp's test
+    extra names `big-O` beside the `jaraco.*` its tests import); where pip's reason names none
+    (conflicting pins), the whole group is left out and the package's own dependencies are
+    installed without it. Returns the test dependencies installed (`status` says the rest)."""
+    left_out: list[str] = []
+    while tests:
+        try:
+            _pip_install(target, [*wanted, *tests], constraints)
+            break
+        except DependencyError as exc:
+            unmet = _UNMET.search(str(exc))
+            drop = [t for t in tests if unmet and _key(_NAME.match(t).group(1)) == _key(unmet.group(1))]
+            if not drop:
+                left_out.append(str(exc))
+                tests = []
+                break
+            left_out.append(f"{', '.join(drop)}: no wheel meets it (pip: {unmet.group(0)})")
+            tests = [t for t in tests if t not in drop]
+    status["installed"], status["error"] = tests, "; ".join(left_out)
+    return tests
+
+
 def environment_status(env: Path) -> dict:
     """What became of the project's test dependencies in environment `env`: {"installed":
     [specifiers], "error": pip's reason they were left out, or "", "own_removed": [the project's
@@ -253,13 +284,7 @@ def build_environment(project: Path, target: Path, extra: str = "") -> list[str]
     tests = [d for d in declared_test_dependencies(project) if d not in wanted]
     status: dict = {**_NO_STATUS, "generated": write_version_files(project, read_pyproject(project))}
     try:
-        if tests:
-            try:
-                _pip_install(target, [*wanted, *tests], constraints)
-                status["installed"] = tests
-            except DependencyError as exc:  # the package's own dependencies alone, then
-                status["error"] = str(exc)
-                tests = []
+        tests = _install_tests(target, wanted, tests, constraints, status)
         if wanted and not tests:
             _pip_install(target, wanted, constraints)
     finally:
