@@ -343,8 +343,10 @@ _UID_POOL = Path(tempfile.gettempdir()) / "fleet-sandbox-uids"  # root-only: a l
 # read (an interpreter installed in root's home directory): root-owned, written by root only.
 _RUNTIME = Path(tempfile.gettempdir()) / "fleet-sandbox-runtime"
 # + site-packages' contents; tkinter is kept, as where the standard library is bound whole (six's
-# tests import it)
-_STDLIB_LEFT_OUT = ("test", "idlelib", "turtledemo", "ensurepip")
+# tests import it), and so are the test package's helpers (`test.support`: zipp's tests import
+# them through jaraco.test), without CPython's own tests (123 MB)
+_STDLIB_LEFT_OUT = ("idlelib", "turtledemo", "ensurepip")
+_TEST_PACKAGE_KEPT = ("__init__.py", "support")
 
 
 def _readable_by_others(path: str) -> bool:
@@ -380,11 +382,12 @@ def _root_only_dir(path: Path, mode: int) -> Path:
 def _readable_copy(path: str, keep: tuple[str, ...] = ()) -> str:
     """`path` if any uid can read it, else a copy any uid can read, made once under `_RUNTIME`
     (keyed by path, size and mtime). A directory is copied whole, or only its entries `keep`;
-    the standard library without its tests, GUI and site-packages' contents."""
+    the standard library without CPython's own tests (their helpers, `test.support`, kept), its GUI
+    and site-packages' contents."""
     if _readable_by_others(path):
         return path
     info = os.stat(path)
-    made = f"{path}\0{info.st_size}\0{info.st_mtime_ns}\0{keep}\0{_STDLIB_LEFT_OUT}"
+    made = f"{path}\0{info.st_size}\0{info.st_mtime_ns}\0{keep}\0{_STDLIB_LEFT_OUT}\0{_TEST_PACKAGE_KEPT}"
     key = hashlib.sha256(made.encode()).hexdigest()[:24]
     root = _root_only_dir(_RUNTIME, 0o755)
     target = root / key / Path(path).name
@@ -400,6 +403,8 @@ def _readable_copy(path: str, keep: tuple[str, ...] = ()) -> str:
                     return [n for n in names if directory == path and n not in keep]
                 if directory.endswith("/site-packages"):
                     return names
+                if directory == os.path.join(path, "test"):
+                    return [n for n in names if n not in _TEST_PACKAGE_KEPT]
                 return [n for n in names if directory == path and n in _STDLIB_LEFT_OUT]
 
             shutil.copytree(path, copy, symlinks=True, ignore=ignore)

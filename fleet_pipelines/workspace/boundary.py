@@ -413,6 +413,19 @@ CODE_OPERATORS = {n: getattr(operator, f"{n}_" if n in ("and", "or") else n) for
 CODE_OPERATORS |= {f"i{n}": getattr(operator, f"i{n}") for n in BINARY if n != "divmod"}
 CODE_OPERATORS |= {"divmod": divmod, **UNARY}
 MAX_NAMES = 10_000  # attribute names of a class a class of the tests derives from, at most
+MAX_SAID = 100  # warnings of one request that cross, at most
+MAX_SAID_CHARS = 100_000  # characters of a warning's text, and of a request's stdout and stderr
+
+
+def said(stream):
+    """What the code printed to `stream`, its head and tail where it is long."""
+    text = stream.getvalue()
+    if len(text) <= MAX_SAID_CHARS:
+        return text
+    half = MAX_SAID_CHARS // 2
+    return f"{text[:half]}\n...[{len(text) - 2 * half} characters cut]...\n{text[-half:]}"
+
+
 MAX_STATE = 100_000  # characters of an exception's arguments and attributes on the wire, at most
 
 
@@ -663,7 +676,42 @@ class CodeSide:
         return answer
 
     def reply(self, request):
-        """The reply to one request: its answer, or the exception it raised."""
+        """The reply to one request, after what the code warned and printed while it ran (`said`):
+        the test process warns and prints it again, where pytest's `warns`, `recwarn`, `capsys`
+        and warning filters see it, as in plain pytest."""
+        import io
+        import warnings
+
+        out, err = io.StringIO(), io.StringIO()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                answer = self.answered(request)
+        if caught or out.tell() or err.tell():
+            self.send(["said", [self.warning(w) for w in caught[:MAX_SAID]], said(out), said(err)])
+        return answer
+
+    @staticmethod
+    def warning(caught):
+        """A warning as the wire carries it: its class's name and nearest builtin class, its text,
+        and where it was raised (the module's name too, for the tests' filters)."""
+        filename = str(caught.filename)
+        module = next(
+            (n for n, m in list(sys.modules.items()) if getattr(m, "__file__", None) == filename),
+            os.path.splitext(os.path.basename(filename))[0],
+        )
+        category = caught.category
+        return [
+            qualified(category),
+            builtin_base(category),
+            str(caught.message)[:MAX_SAID_CHARS],
+            filename[:500],
+            int(caught.lineno or 0),
+            module,
+        ]
+
+    def answered(self, request):
+        """The answer to one request, or the exception it raised."""
         import traceback
 
         wire = self.wire
@@ -1263,6 +1311,9 @@ class Boundary:
             self.send(message)
             while True:
                 reply = self.recv()
+                if type(reply) is list and len(reply) == 4 and reply[0] == "said":
+                    self.said(*reply[1:])  # what the code warned and printed meanwhile
+                    continue
                 if not (type(reply) is list and len(reply) == 4 and reply[0] == "cb"):
                     break
                 self.send(self.call_back(reply))  # the code calls a callable of the tests
@@ -1304,6 +1355,28 @@ class Boundary:
             exc = wire.remote_exception(*reply[1:4])
             raise self.restore(exc, reply[2], reply[4]) if type(exc).__name__ == reply[1] else exc
         raise wire.NotPlainData("malformed reply from the code under test")
+
+    def said(self, caught, out, err):
+        """What the code warned and printed while it answered, warned and printed here: a warning
+        of a class of the code as the test process's class of that name (`exception_class`, the
+        one `pytest.warns(pkg.SomeWarning)` holds), of a builtin class as that class; text only."""
+        import warnings
+
+        for entry in caught if type(caught) is list else ():
+            if not (type(entry) is list and len(entry) == 6 and all(type(x) is str for x in entry[:4])):
+                continue
+            name, base, text, filename, lineno, module = entry
+            builtin = getattr(builtins, base, None) if base.isidentifier() else None
+            if name == f"builtins.{base}" and isinstance(builtin, type) and issubclass(builtin, Warning):
+                category = builtin
+            else:
+                category = self.exception_class(name[:300], base if base.endswith("Warning") else "Warning")
+            line = lineno if type(lineno) is int else 0
+            warnings.warn_explicit(text, category, filename, line, module=str(module)[:300])
+        if type(out) is str and out:
+            sys.stdout.write(out)
+        if type(err) is str and err:
+            sys.stderr.write(err)
 
     def send(self, message):
         """`message` to the code process, after what changed in the tests' containers it holds."""

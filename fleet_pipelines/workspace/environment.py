@@ -118,7 +118,8 @@ def _poetry_dev(data: dict) -> list[str]:
 
 def declared_test_dependencies(project: Path) -> list[str]:
     """The requirement specifiers the project declares for its tests: the dependency group
-    (PEP 735) and the extra (pyproject, setup.cfg) named test, tests or testing, Poetry's test
+    (PEP 735), PDM's dev-dependencies group (cattrs) and the extra (pyproject, setup.cfg) named
+    test, tests or testing, Poetry's test
     and dev groups (`_poetry_dev`), and tox.ini's `[testenv]` deps (a `-r FILE` there read when
     FILE is in the project); pytest and what it requires never (the test runner is ours)."""
     found: list[str] = []
@@ -127,8 +128,11 @@ def declared_test_dependencies(project: Path) -> list[str]:
     groups = groups if isinstance(groups, dict) else {}
     extras = data.get("project", {}).get("optional-dependencies", {})
     extras = extras if isinstance(extras, dict) else {}
+    pdm = data.get("tool", {}).get("pdm", {})
+    pdm = pdm.get("dev-dependencies", {}) if isinstance(pdm, dict) else {}
     for name in TEST_GROUPS:
         found += _group(groups, name)
+        found += _group(pdm if isinstance(pdm, dict) else {}, name)
         found += [d for d in extras.get(name, []) if isinstance(d, str)]
     found += _poetry_dev(data)
     configs = (("setup.cfg", "options.extras_require", None), ("tox.ini", "testenv", "deps"))

@@ -14,6 +14,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -433,6 +434,8 @@ import collections
 import collections.abc
 import contextlib
 import enum
+import sys
+import warnings
 
 SEEN = []
 Pair = collections.namedtuple("Pair", "a b")
@@ -529,6 +532,18 @@ class Lookup(collections.abc.Mapping):
 class Color(enum.Enum):
     RED = 1
     BLUE = 2
+
+
+class OldWarning(DeprecationWarning):
+    pass
+
+
+def old(x):
+    warnings.warn("old() is going", OldWarning)
+    warnings.warn("plain", UserWarning)
+    print("printed", x)
+    print("to stderr", file=sys.stderr)
+    return x
 
 
 class Rule:  # pyparsing's way: operators between its objects build new ones
@@ -744,6 +759,29 @@ def test_a_class_of_the_tests_deriving_from_the_codes_is_made_by_the_code_and_it
     assert schema.size == 40
     with pytest.raises(wire.NotPlainData, match="holds no plain value"):
         _ = Sub(1) == Sub(1)  # still compared on the test side
+
+
+def test_what_the_code_warns_and_prints_reaches_pytest_warns_and_capsys(code, capsys):
+    """marshmallow's deprecation tests: `pytest.warns(RemovedInMarshmallow4Warning)` around a call
+    of the code. The warning is warned again in the test process, as the class the tests hold for
+    the code's (`exception_class`) or as the builtin class; what the code printed is printed."""
+    _, side = code
+    Path(side.cwd, "objects.py").write_text(OBJECTS)
+    side.request(["import", "objects"])
+    old_warning, old = side.request(["get", "objects:OldWarning"]), side.request(["get", "objects:old"])
+    with pytest.warns(Warning) as caught:
+        assert old(3) == 3
+    assert [(type(w.message), str(w.message)) for w in caught] == [
+        (old_warning, "old() is going"),
+        (UserWarning, "plain"),
+    ]
+    assert issubclass(old_warning, DeprecationWarning) and caught[0].filename.endswith("objects.py")
+    assert capsys.readouterr() == ("printed 3\n", "to stderr\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a project's filterwarnings = error
+        with pytest.raises(UserWarning, match="plain"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            old(4)
 
 
 def test_arithmetic_of_objects_of_the_code_alone_is_the_codes_own(code):
@@ -1021,6 +1059,12 @@ def test_a_projects_declared_test_dependencies_are_read_where_projects_write_the
     )
     # Poetry's groups by name (its ^ constraints are not PEP 440); tools no test imports left out
     assert declared_test_dependencies(poetry) == ["PyYAML", "freezegun"]
+    pdm = tmp_path / "pdm"  # cattrs 24.1: PDM's dev-dependencies, its test group
+    pdm.mkdir()
+    (pdm / "pyproject.toml").write_text(
+        '[tool.pdm.dev-dependencies]\nlint = ["ruff"]\ntest = ["hypothesis>=6.79.4", "pytest>=7.4.0", "immutables"]\n'
+    )
+    assert declared_test_dependencies(pdm) == ["hypothesis>=6.79.4", "immutables"]
 
 
 def test_the_environments_pytest_plugins_load_by_name_with_what_they_change_about_the_run_off(tmp_path: Path):
