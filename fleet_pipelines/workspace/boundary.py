@@ -417,6 +417,34 @@ MAX_SAID = 100  # warnings of one request that cross, at most
 MAX_SAID_CHARS = 100_000  # characters of a warning's text, and of a request's stdout and stderr
 
 
+@functools.cache
+def logged_class():
+    """`Logged`, made on the code process's first request."""
+    import logging
+
+    class Logged(logging.Handler):
+        """The log records of one request, as the wire carries them: the logger's name, the level,
+        the message made (text only, no traceback), where; and whether the code's own levels
+        below the root enable it (None: the tests' levels decide)."""
+
+        def __init__(self):
+            super().__init__(logging.NOTSET)
+            self.records = []
+
+        def emit(self, record):
+            if len(self.records) >= MAX_SAID:
+                return
+            logger, own = logging.getLogger(record.name), None
+            while logger is not None and logger.parent is not None and own is None:
+                own, logger = (logger.level or None), logger.parent
+            enabled = None if own is None else record.levelno >= own
+            text = record.getMessage()[:MAX_SAID_CHARS]
+            where = [str(record.pathname)[:500], int(record.lineno or 0), str(record.funcName)[:200]]
+            self.records.append([str(record.name)[:200], int(record.levelno), text, *where, enabled])
+
+    return Logged
+
+
 def said(stream):
     """What the code printed to `stream`, its head and tail where it is long."""
     text = stream.getvalue()
@@ -676,19 +704,29 @@ class CodeSide:
         return answer
 
     def reply(self, request):
-        """The reply to one request, after what the code warned and printed while it ran (`said`):
-        the test process warns and prints it again, where pytest's `warns`, `recwarn`, `capsys`
-        and warning filters see it, as in plain pytest."""
+        """The reply to one request, after what the code warned, printed and logged while it ran
+        (`said`): the test process warns, prints and logs it again, where pytest's `warns`,
+        `recwarn`, `capsys`, `caplog` and warning filters see it, as in plain pytest."""
         import io
+        import logging  # 3 ms, in each code process: a record of the code's first import is seen too
         import warnings
 
-        out, err = io.StringIO(), io.StringIO()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                answer = self.answered(request)
-        if caught or out.tell() or err.tell():
-            self.send(["said", [self.warning(w) for w in caught[:MAX_SAID]], said(out), said(err)])
+        out, err, logged = io.StringIO(), io.StringIO(), logged_class()()
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.NOTSET)  # every record made (setLevel: the loggers' caches too)
+        root.addHandler(logged)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    answer = self.answered(request)
+        finally:
+            root.removeHandler(logged)
+            root.setLevel(level)
+        if caught or out.tell() or err.tell() or logged.records:
+            warned = [self.warning(w) for w in caught[:MAX_SAID]]
+            self.send(["said", warned, said(out), said(err), logged.records])
         return answer
 
     @staticmethod
@@ -1311,7 +1349,7 @@ class Boundary:
             self.send(message)
             while True:
                 reply = self.recv()
-                if type(reply) is list and len(reply) == 4 and reply[0] == "said":
+                if type(reply) is list and len(reply) == 5 and reply[0] == "said":
                     self.said(*reply[1:])  # what the code warned and printed meanwhile
                     continue
                 if not (type(reply) is list and len(reply) == 4 and reply[0] == "cb"):
@@ -1356,11 +1394,32 @@ class Boundary:
             raise self.restore(exc, reply[2], reply[4]) if type(exc).__name__ == reply[1] else exc
         raise wire.NotPlainData("malformed reply from the code under test")
 
-    def said(self, caught, out, err):
-        """What the code warned and printed while it answered, warned and printed here: a warning
-        of a class of the code as the test process's class of that name (`exception_class`, the
-        one `pytest.warns(pkg.SomeWarning)` holds), of a builtin class as that class; text only."""
+    def said(self, caught, out, err, records):
+        """What the code warned, printed and logged while it answered, warned, printed and logged
+        here: a warning of a class of the code as the test process's class of that name
+        (`exception_class`, the one `pytest.warns(pkg.SomeWarning)` holds), of a builtin class as
+        that class; a log record to the logger of its name, where the code's own level, else
+        the tests' (`caplog.set_level`), enables it; text only."""
+        import logging
         import warnings
+
+        for entry in records if type(records) is list else ():
+            if not (
+                type(entry) is list and len(entry) == 7 and type(entry[0]) is str and type(entry[1]) is int
+            ):
+                continue
+            name, level, text, pathname, lineno, function, enabled = entry
+            logger = logging.getLogger(name) if name != "root" else logging.getLogger()
+            if not (enabled if type(enabled) is bool else logger.isEnabledFor(level)):
+                continue
+            fields = {
+                "name": name,
+                "levelno": level,
+                "levelname": logging.getLevelName(level),
+                "msg": str(text),
+            }
+            fields |= {"pathname": str(pathname), "lineno": lineno if type(lineno) is int else 0}
+            logger.handle(logging.makeLogRecord({**fields, "funcName": str(function), "args": None}))
 
         for entry in caught if type(caught) is list else ():
             if not (type(entry) is list and len(entry) == 6 and all(type(x) is str for x in entry[:4])):

@@ -9,6 +9,7 @@ import copy
 import datetime
 import decimal
 import fractions
+import logging
 import os
 import pickle
 import subprocess
@@ -539,6 +540,10 @@ class OldWarning(DeprecationWarning):
 
 
 def old(x):
+    import logging
+
+    logging.getLogger("objects.old").info("old(%s) at info", x)
+    logging.getLogger("objects.old").warning("old(%s) called", x)
     warnings.warn("old() is going", OldWarning)
     warnings.warn("plain", UserWarning)
     print("printed", x)
@@ -761,7 +766,7 @@ def test_a_class_of_the_tests_deriving_from_the_codes_is_made_by_the_code_and_it
         _ = Sub(1) == Sub(1)  # still compared on the test side
 
 
-def test_what_the_code_warns_and_prints_reaches_pytest_warns_and_capsys(code, capsys):
+def test_what_the_code_warns_prints_and_logs_reaches_pytest_warns_capsys_and_caplog(code, capsys, caplog):
     """marshmallow's deprecation tests: `pytest.warns(RemovedInMarshmallow4Warning)` around a call
     of the code. The warning is warned again in the test process, as the class the tests hold for
     the code's (`exception_class`) or as the builtin class; what the code printed is printed."""
@@ -777,6 +782,13 @@ def test_what_the_code_warns_and_prints_reaches_pytest_warns_and_capsys(code, ca
     ]
     assert issubclass(old_warning, DeprecationWarning) and caught[0].filename.endswith("objects.py")
     assert capsys.readouterr() == ("printed 3\n", "to stderr\n")
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("objects.old", "WARNING", "old(3) called")  # info: below the root's level, as in one process
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="objects"), pytest.warns(Warning):
+        old(5)
+    assert [r.getMessage() for r in caplog.records] == ["old(5) at info", "old(5) called"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # a project's filterwarnings = error
         with pytest.raises(UserWarning, match="plain"), warnings.catch_warnings():
@@ -1062,7 +1074,8 @@ def test_a_projects_declared_test_dependencies_are_read_where_projects_write_the
     pdm = tmp_path / "pdm"  # cattrs 24.1: PDM's dev-dependencies, its test group
     pdm.mkdir()
     (pdm / "pyproject.toml").write_text(
-        '[tool.pdm.dev-dependencies]\nlint = ["ruff"]\ntest = ["hypothesis>=6.79.4", "pytest>=7.4.0", "immutables"]\n'
+        '[tool.pdm.dev-dependencies]\nlint = ["ruff"]\n'
+        'test = ["hypothesis>=6.79.4", "pytest>=7.4.0", "immutables"]\n'
     )
     assert declared_test_dependencies(pdm) == ["hypothesis>=6.79.4", "immutables"]
 
