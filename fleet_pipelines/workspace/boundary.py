@@ -786,9 +786,28 @@ class CodeSide:
             request = self.recv()
             if type(request) is list and len(request) == 2 and request[0] == "cbok":
                 return self.take(request[1])
-            if type(request) is list and len(request) == 2 and request[0] == "cberr":
-                raise builtin_exception(request[1])("raised by a callable of the tests")  # its class only
+            if type(request) is list and len(request) == 4 and request[0] == "cberr":
+                raise self.raised_by_tests(*request[1:])
             self.send(self.reply(request))
+
+    def raised_by_tests(self, base, name, args):
+        """What a callable of the tests raised, as this process raises it: one of the code's
+        exception classes (a method of the tests' schema raising marshmallow's
+        `ValidationError`, which the code catches) with its plain arguments; else only the
+        builtin class, no text."""
+        parts = name.split(".") if type(name) is str and name else []
+        for split in range(len(parts) - 1, 0, -1):
+            try:
+                found = importlib.import_module(".".join(parts[:split]))
+                for part in parts[split:]:
+                    found = getattr(found, part)
+            except (ImportError, AttributeError):
+                continue
+            if isinstance(found, type) and issubclass(found, Exception) and type(args) is list:
+                with contextlib.suppress(Exception):
+                    return found(*self.take(["l", args]) if args else ())
+            break
+        return builtin_exception(base)("raised by a callable of the tests")
 
 
 def as_method(callback):
@@ -1692,7 +1711,8 @@ class Boundary:
 
     def call_back(self, message):
         """A callable of the tests, called by the code under test with what it passed; the reply
-        is its result, or only its exception's builtin class (no text, no traceback). pytest's
+        is its result, or its exception's builtin class (no text, no traceback), with the code's
+        class and the plain arguments where it is one of the code's (`code_exception`). pytest's
         outcomes (skip, fail) are raised again in the test once the code's call is over, whatever
         the code does with the exception it receives."""
         _, number, args, kwargs = message
@@ -1706,9 +1726,20 @@ class Boundary:
             return ["cbok", *self.gives([result])]
         except BaseException as exc:
             if isinstance(exc, Exception) and not isinstance(exc, self.wire.NotPlainData):
-                return ["cberr", builtin_base(type(exc))]
+                return ["cberr", builtin_base(type(exc)), *self.code_exception(exc)]
             self.pending = self.pending or exc  # pytest's outcomes, or what cannot cross
-            return ["cberr", "Exception"]
+            return ["cberr", "Exception", "", []]
+
+    def code_exception(self, exc):
+        """The name of the code's exception class whose class here `exc` is (or derives from:
+        `exception_class`) and its arguments where they are plain data, for the code to raise
+        its own; ("", []) for any other exception, of which only the builtin class crosses."""
+        ours = {cls: name for name, cls in self.exceptions.items()}
+        name = next((ours[c] for c in type(exc).__mro__ if c in ours), "")
+        try:
+            return name, [self.wire.encode(a) for a in exc.args] if name else []
+        except self.wire.NotPlainData:
+            return name, []
 
 
 class RemoteModule(types.ModuleType):

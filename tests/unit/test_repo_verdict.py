@@ -551,6 +551,18 @@ def old(x):
     return x
 
 
+class Invalid(ValueError):
+    pass
+
+
+def validated(check, value):
+    try:
+        check(value)
+    except Invalid as exc:
+        return f"invalid: {exc.args[0]}"
+    return "valid"
+
+
 class Rule:  # pyparsing's way: operators between its objects build new ones
     def __init__(self, text):
         self.text = text
@@ -794,6 +806,34 @@ def test_what_the_code_warns_prints_and_logs_reaches_pytest_warns_capsys_and_cap
         with pytest.raises(UserWarning, match="plain"), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             old(4)
+
+
+def test_an_exception_of_the_codes_class_raised_by_the_tests_is_the_codes_own_there(code):
+    """marshmallow's validators in the tests raise its `ValidationError`, which the code catches:
+    the code raises its own class with the plain arguments. Any other exception reaches the code
+    as its builtin class only, without its text."""
+    _, side = code
+    Path(side.cwd, "objects.py").write_text(OBJECTS)
+    side.request(["import", "objects"])
+    invalid, validated = side.request(["get", "objects:Invalid"]), side.request(["get", "objects:validated"])
+
+    class TooBig(invalid):  # a class of the tests deriving from it: the code's class crosses
+        pass
+
+    def check(value):
+        if value > 3:
+            raise invalid("too big")
+        if value < 0:
+            raise TooBig("below zero")
+
+    def secret(value):
+        raise KeyError("expected 42")
+
+    assert validated(check, 5) == "invalid: too big" and validated(check, 1) == "valid"
+    assert validated(check, -1) == "invalid: below zero"
+    with pytest.raises(KeyError) as raised:
+        validated(secret, 1)
+    assert "expected 42" not in str(raised.value)
 
 
 def test_arithmetic_of_objects_of_the_code_alone_is_the_codes_own(code):
