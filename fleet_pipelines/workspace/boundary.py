@@ -615,6 +615,29 @@ class CodeSide:
                     return None
         return None
 
+    def record(self, value):
+        """The exact class and the compared fields of an object whose `==` is the one dataclasses
+        or attrs generated (the fields' tuples compared, for objects of one exact class), as
+        plain data and handles; None for any other object, and where attrs compares a field by
+        a key function of its own."""
+        cls = type(value)
+        owner = next((c for c in cls.__mro__ if "__eq__" in vars(c)), object)
+        made = getattr(getattr(vars(owner)["__eq__"], "__code__", None), "co_filename", "")
+        if made == "<string>" and "__dataclass_fields__" in vars(owner):  # dataclasses' exec
+            names = [
+                f.name
+                for f in owner.__dataclass_fields__.values()
+                if f.compare and f._field_type.name == "_FIELD"
+            ]
+        elif made.startswith("<attrs generated") and "__attrs_attrs__" in vars(owner):
+            fields = owner.__attrs_attrs__
+            if any(getattr(a, "eq_key", None) is not None for a in fields):
+                return None
+            names = [a.name for a in fields if a.eq]
+        else:
+            return None
+        return ["ok", self.share([cls, [getattr(value, n) for n in names]])]
+
     def answer(self, request):
         wire = self.wire
         kind, name = request[0], request[1]
@@ -646,6 +669,8 @@ class CodeSide:
         rest = [self.take(a) for a in request[2:]]
         if kind == "plain":
             return self.plain(value) or ["none"]
+        if kind == "record":
+            return self.record(value) or ["none"]
         if kind == "attr":
             return ["ok", self.share(getattr(value, str(rest[0])))]
         if kind == "setattr":
@@ -1248,14 +1273,24 @@ def _unary(function, symbol, name):
 
 def _equality(same):
     """== (same: True) or != on the test side: one object of the code is equal to itself (as a
-    container's comparison holds it; an enum member's equality), any other pair is compared by
-    the plain values they hold."""
+    container's comparison holds it; an enum member's equality); two whose `==` dataclasses or
+    attrs generated are equal where they are of one exact class and their compared fields are
+    equal, compared here (`CodeSide.record`); any other pair is compared by the plain values
+    they hold."""
     compare = _binary(operator.eq if same else operator.ne, "==" if same else "!=")
 
     def method(self, other):
         boundary = self._fleet_boundary
         if isinstance(other, Handle) and boundary.number_of(other) == boundary.number_of(self):
             return same
+        if type(other) is Handle and self._fleet_held() is NO_VALUE and other._fleet_held() is NO_VALUE:
+            mine, theirs = self._fleet_ask("record"), other._fleet_ask("record")
+            if mine is not NO_VALUE and theirs is not NO_VALUE:
+                if not (type(mine) is list and type(theirs) is list and len(mine) == len(theirs) == 2):
+                    raise boundary.wire.NotPlainData("a malformed record from the code under test")
+                kinds = [c if type(c) is not Handle else boundary.number_of(c) for c in (mine[0], theirs[0])]
+                equal = kinds[0] == kinds[1] and mine[1] == theirs[1]
+                return equal if same else not equal
         return compare(self, other)
 
     return method

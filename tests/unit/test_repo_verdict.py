@@ -434,6 +434,7 @@ OBJECTS = """
 import collections
 import collections.abc
 import contextlib
+import dataclasses
 import enum
 import sys
 import warnings
@@ -549,6 +550,35 @@ def old(x):
     print("printed", x)
     print("to stderr", file=sys.stderr)
     return x
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: list
+    note: str = dataclasses.field(default="", compare=False)
+
+    def moved(self, dx):
+        return Point(self.x + dx, self.y)
+
+
+@dataclasses.dataclass
+class Labelled(Point):
+    label: str = "l"
+
+
+@dataclasses.dataclass(eq=False)
+class Loose:
+    x: int
+
+    def __eq__(self, other):
+        SEEN.append(other)
+        return True
+
+
+@dataclasses.dataclass
+class Shape:
+    corner: Point
 
 
 class Invalid(ValueError):
@@ -834,6 +864,27 @@ def test_an_exception_of_the_codes_class_raised_by_the_tests_is_the_codes_own_th
     with pytest.raises(KeyError) as raised:
         validated(secret, 1)
     assert "expected 42" not in str(raised.value)
+
+
+def test_two_objects_whose_equality_dataclasses_generated_compare_by_their_fields_here(code):
+    """`Point.parse(s) == Point(1, [2])`: the generated `==` compares the fields' tuples of two
+    objects of one exact class; here it is computed on the test side from the fields, so a
+    class's own `__eq__` never runs (it would decide for the expected object too)."""
+    wire, side = code
+    Path(side.cwd, "objects.py").write_text(OBJECTS)
+    side.request(["import", "objects"])
+    point, labelled = side.request(["get", "objects:Point"]), side.request(["get", "objects:Labelled"])
+    assert point(1, [2]) == point(1, [2]) and point(1, [2], note="a") == point(1, [2], note="b")
+    assert point(1, [2]).moved(1) == point(2, [2]) and point(1, [2]) != point(1, [3])
+    assert point(1, [2]) != labelled(1, [2]) and labelled(1, [2]) == labelled(1, [2])  # exact class
+    shape = side.request(["get", "objects:Shape"])
+    assert shape(point(1, [2])) == shape(point(1, [2])) and shape(point(1, [2])) != shape(point(0, [2]))
+    loose, seen = side.request(["get", "objects:Loose"]), side.request(["get", "objects:seen"])
+    with pytest.raises(wire.NotPlainData, match="holds no plain value"):
+        _ = loose(1) == loose(2)  # its own __eq__: never asked
+    with pytest.raises(wire.NotPlainData, match="holds no plain value"):
+        _ = point(1, [2]) == (1, [2])  # against a value of the tests: as before
+    assert seen() == []
 
 
 def test_arithmetic_of_objects_of_the_code_alone_is_the_codes_own(code):
