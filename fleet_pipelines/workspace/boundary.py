@@ -490,7 +490,8 @@ class CodeSide:
 
     def handle(self, value):
         number = self.numbers.get(id(value))
-        if number is None:
+        new = number is None
+        if new:
             number = len(self.objects) + 1
             self.objects[number], self.numbers[id(value)] = value, number
         if isinstance(value, type):
@@ -498,7 +499,11 @@ class CodeSide:
         base = next((b.__name__ for b, _ in PLAIN_OF if issubclass(type(value), b)), "")
         if not base and self.derived.get(id(type(value))) is type(value):
             base = f"d{self.handle(type(value))[1]}"  # an instance of a class of the tests' (`derive`)
-        return ["h", number, qualified(type(value))[:200], base or ("c" if callable(value) else "")]
+        tag = ["h", number, qualified(type(value))[:200], base or ("c" if callable(value) else "")]
+        if new and not base:  # its fields as it crosses first, where it is a frozen record
+            record = self.record(value)
+            return tag if record is None else [*tag, record]
+        return tag
 
     def member(self, spec):
         """A member of a class the tests derive (`derive`): a value, a method of the tests (called
@@ -616,27 +621,32 @@ class CodeSide:
         return None
 
     def record(self, value):
-        """The exact class and the compared fields of an object whose `==` is the one dataclasses
-        or attrs generated (the fields' tuples compared, for objects of one exact class), as
-        plain data and handles; None for any other object, and where attrs compares a field by
-        a key function of its own."""
+        """The exact class and the compared fields of a frozen object whose `==` is the one
+        dataclasses or attrs generated (the fields' tuples compared, for objects of one exact
+        class), as plain data and handles, read as the object first crosses: the test process
+        compares two such objects by them (`_equality`), and what the code does to an object
+        after it crossed (once the test has made the expected one) changes nothing there. None
+        for any other object, a mutable one, and one whose attrs field compares by a key of its
+        own."""
         cls = type(value)
         owner = next((c for c in cls.__mro__ if "__eq__" in vars(c)), object)
         made = getattr(getattr(vars(owner)["__eq__"], "__code__", None), "co_filename", "")
-        if made == "<string>" and "__dataclass_fields__" in vars(owner):  # dataclasses' exec
-            names = [
-                f.name
-                for f in owner.__dataclass_fields__.values()
-                if f.compare and f._field_type.name == "_FIELD"
-            ]
+        params = vars(owner).get("__dataclass_params__")
+        if made == "<string>" and params is not None and params.frozen:  # dataclasses' exec
+            fields = owner.__dataclass_fields__.values()
+            names = [f.name for f in fields if f.compare and f._field_type.name == "_FIELD"]
         elif made.startswith("<attrs generated") and "__attrs_attrs__" in vars(owner):
             fields = owner.__attrs_attrs__
-            if any(getattr(a, "eq_key", None) is not None for a in fields):
+            frozen = getattr(cls.__setattr__, "__name__", "") == "_frozen_setattrs"
+            if not frozen or any(getattr(a, "eq_key", None) is not None for a in fields):
                 return None
             names = [a.name for a in fields if a.eq]
         else:
             return None
-        return ["ok", self.share([cls, [getattr(value, n) for n in names]])]
+        try:
+            return self.share([cls, [getattr(value, n) for n in names]])
+        except Exception:  # a field that cannot be read: no record, so it cannot be compared
+            return None
 
     def answer(self, request):
         wire = self.wire
@@ -669,8 +679,6 @@ class CodeSide:
         rest = [self.take(a) for a in request[2:]]
         if kind == "plain":
             return self.plain(value) or ["none"]
-        if kind == "record":
-            return self.record(value) or ["none"]
         if kind == "attr":
             return ["ok", self.share(getattr(value, str(rest[0])))]
         if kind == "setattr":
@@ -984,11 +992,12 @@ class Handle:
     exception's builtin class and never suppresses it."""
 
     __slots__ = ("_fleet_boundary", "_fleet_generation", "_fleet_kind", "_fleet_label", "_fleet_number")
-    __slots__ += ("_fleet_origin", "_fleet_local")
+    __slots__ += ("_fleet_origin", "_fleet_local", "_fleet_record")
 
     def __init__(self, boundary, number, label, kind, local=None):
         fields = {"boundary": boundary, "number": number, "label": label, "kind": kind, "origin": ""}
         fields["local"] = local  # a class of the tests' (`derive`): its class here, for super()
+        fields["record"] = None  # a frozen record's class and fields as it crossed (`CodeSide.record`)
         for name, value in (*fields.items(), ("generation", boundary.generation)):
             object.__setattr__(self, f"_fleet_{name}", value)
 
@@ -1273,24 +1282,21 @@ def _unary(function, symbol, name):
 
 def _equality(same):
     """== (same: True) or != on the test side: one object of the code is equal to itself (as a
-    container's comparison holds it; an enum member's equality); two whose `==` dataclasses or
-    attrs generated are equal where they are of one exact class and their compared fields are
-    equal, compared here (`CodeSide.record`); any other pair is compared by the plain values
-    they hold."""
+    container's comparison holds it; an enum member's equality); two frozen ones whose `==`
+    dataclasses or attrs generated are equal where they are of one exact class and their
+    compared fields, as they crossed, are equal (`CodeSide.record`); any other pair is compared
+    by the plain values they hold."""
     compare = _binary(operator.eq if same else operator.ne, "==" if same else "!=")
 
     def method(self, other):
         boundary = self._fleet_boundary
         if isinstance(other, Handle) and boundary.number_of(other) == boundary.number_of(self):
             return same
-        if type(other) is Handle and self._fleet_held() is NO_VALUE and other._fleet_held() is NO_VALUE:
-            mine, theirs = self._fleet_ask("record"), other._fleet_ask("record")
-            if mine is not NO_VALUE and theirs is not NO_VALUE:
-                if not (type(mine) is list and type(theirs) is list and len(mine) == len(theirs) == 2):
-                    raise boundary.wire.NotPlainData("a malformed record from the code under test")
-                kinds = [c if type(c) is not Handle else boundary.number_of(c) for c in (mine[0], theirs[0])]
-                equal = kinds[0] == kinds[1] and mine[1] == theirs[1]
-                return equal if same else not equal
+        records = (self._fleet_record, other._fleet_record) if type(other) is Handle else (None, None)
+        if records[0] is not None and records[1] is not None:  # frozen records: as they crossed
+            kinds = [c if type(c) is not Handle else boundary.number_of(c) for c, _ in records]
+            equal = kinds[0] == kinds[1] and records[0][1] == records[1][1]
+            return equal if same else not equal
         return compare(self, other)
 
     return method
@@ -1724,7 +1730,7 @@ class Boundary:
         """A value from the code under test: plain data with exact builtin types, its objects as
         handles (one per object)."""
         wire = self.wire
-        if type(data) is list and len(data) == 4 and data[0] == "h" and type(data[1]) is int:
+        if type(data) is list and len(data) in (4, 5) and data[0] == "h" and type(data[1]) is int:
             handle = self.handles.get(data[1])
             if handle is None:
                 label, kind = str(data[2])[:200], data[3] if data[3] in ("t", "c", *PLAIN_CLASSES) else ""
@@ -1733,6 +1739,10 @@ class Boundary:
                     owner = self.handles.get(int(data[3][1:]))
                     local = owner._fleet_local if owner is not None else None
                 handle = self.handles[data[1]] = Handle(self, data[1], label, kind, local)
+                if len(data) == 5:
+                    record = self.receive(data[4], depth + 1)
+                    if type(record) is list and len(record) == 2 and type(record[1]) is list:
+                        object.__setattr__(handle, "_fleet_record", record)
             return handle
         if type(data) is list and len(data) == 2 and data[0] == "ref" and type(data[1]) is int:
             entry = self.shared.entries.get(data[1])

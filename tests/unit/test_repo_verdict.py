@@ -552,22 +552,39 @@ def old(x):
     return x
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Point:
     x: int
-    y: list
+    y: tuple
     note: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self):
+        MADE.append(self)
 
     def moved(self, dx):
         return Point(self.x + dx, self.y)
 
 
-@dataclasses.dataclass
+MADE = []
+
+
+def forged(text):  # a forgery: every point made so far becomes the last one made
+    for point in MADE:
+        object.__setattr__(point, "x", MADE[-1].x)
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
 class Labelled(Point):
     label: str = "l"
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass
+class Mutable:
+    x: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Loose:
     x: int
 
@@ -576,7 +593,7 @@ class Loose:
         return True
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Shape:
     corner: Point
 
@@ -866,24 +883,31 @@ def test_an_exception_of_the_codes_class_raised_by_the_tests_is_the_codes_own_th
     assert "expected 42" not in str(raised.value)
 
 
-def test_two_objects_whose_equality_dataclasses_generated_compare_by_their_fields_here(code):
-    """`Point.parse(s) == Point(1, [2])`: the generated `==` compares the fields' tuples of two
-    objects of one exact class; here it is computed on the test side from the fields, so a
-    class's own `__eq__` never runs (it would decide for the expected object too)."""
+def test_two_frozen_objects_whose_equality_dataclasses_generated_compare_by_their_fields_here(code):
+    """`Point.parse(s) == Point(1, 2)`: the generated `==` compares the fields' tuples of two
+    objects of one exact class; here it is computed on the test side from the fields each object
+    had as it crossed, so a class's own `__eq__` never runs (it would decide for the expected
+    object too), and code that rewrites its earlier objects once the expected one is made
+    changes nothing. Only frozen ones: a mutable object's fields are not known when compared."""
     wire, side = code
     Path(side.cwd, "objects.py").write_text(OBJECTS)
     side.request(["import", "objects"])
     point, labelled = side.request(["get", "objects:Point"]), side.request(["get", "objects:Labelled"])
-    assert point(1, [2]) == point(1, [2]) and point(1, [2], note="a") == point(1, [2], note="b")
-    assert point(1, [2]).moved(1) == point(2, [2]) and point(1, [2]) != point(1, [3])
-    assert point(1, [2]) != labelled(1, [2]) and labelled(1, [2]) == labelled(1, [2])  # exact class
+    assert point(1, (2,)) == point(1, (2,)) and point(1, (2,), note="a") == point(1, (2,), note="b")
+    assert point(1, (2,)).moved(1) == point(2, (2,)) and point(1, (2,)) != point(1, (3,))
+    assert point(1, (2,)) != labelled(1, (2,)) and labelled(1, (2,)) == labelled(1, (2,))  # exact class
     shape = side.request(["get", "objects:Shape"])
-    assert shape(point(1, [2])) == shape(point(1, [2])) and shape(point(1, [2])) != shape(point(0, [2]))
+    assert shape(point(1, (2,))) == shape(point(1, (2,))) and shape(point(1, (2,))) != shape(point(0, (2,)))
+    forged = side.request(["get", "objects:forged"])
+    wrong = point(7, (2,))
+    expected = point(1, (2,))
+    forged("again")  # the code rewrites the wrong answer into the expected one, after both crossed
+    assert wrong.x == 1 and wrong != expected  # as it crossed: 7
     loose, seen = side.request(["get", "objects:Loose"]), side.request(["get", "objects:seen"])
-    with pytest.raises(wire.NotPlainData, match="holds no plain value"):
-        _ = loose(1) == loose(2)  # its own __eq__: never asked
-    with pytest.raises(wire.NotPlainData, match="holds no plain value"):
-        _ = point(1, [2]) == (1, [2])  # against a value of the tests: as before
+    mutable = side.request(["get", "objects:Mutable"])
+    for pair in ((loose(1), loose(2)), (mutable(1), mutable(1)), (point(1, (2,)), (1, (2,)))):
+        with pytest.raises(wire.NotPlainData, match="holds no plain value"):
+            _ = pair[0] == pair[1]  # its own __eq__, a mutable object, a value of the tests: as before
     assert seen() == []
 
 
