@@ -476,6 +476,7 @@ class CodeSide:
         self.numbers = {}
         self.derived = {}  # id -> a class made here for the tests (`derive`): its instances say so
         self.callbacks = {}  # number -> Callback
+        self.classes = {}  # number -> a plain class of the tests, made here (`Boundary.tests_class`)
         self.shared = Shared(wire, lambda v, d: self.share(v, d), self.take)
 
     def send(self, message):
@@ -568,6 +569,12 @@ class CodeSide:
         if type(data) is list and len(data) == 2 and data[0] == "n" and type(data[1]) is str:
             module_name, _, attr = data[1].partition(":")  # a function the tests hold by name
             return getattr(importlib.import_module(module_name), attr)
+        if type(data) is list and len(data) == 4 and data[0] == "tc" and type(data[1]) is int:
+            made = self.classes.get(data[1])  # a plain class of the tests, made here once
+            if made is None:
+                made = self.classes[data[1]] = self.member(["k", data[2:]])
+                self.derived[id(made)] = made
+            return made
         if type(data) is list and len(data) == 2 and data[0] == "mod" and type(data[1]) is str:
             return importlib.import_module(data[1])  # a module the tests hold (marshmallow's render_module)
         if type(data) is list and len(data) == 4 and data[0] == "cb" and type(data[1]) is int:
@@ -1190,6 +1197,7 @@ def bridge(handle):
     return type(f"{handle._fleet_label} (of the code under test)", (), inherited)
 
 
+CLASS_SLOTS = ("__dict__", "__weakref__")  # a class's own descriptors, never members that cross
 SUPER_DUNDERS = frozenset({"__init__", "__post_init__", "__call__", "__repr__", "__str__", "__getattr__"})
 SUPER_DUNDERS |= {"__getitem__", "__setitem__", "__delitem__", "__iter__", "__len__", "__enter__", "__exit__"}
 
@@ -1341,6 +1349,8 @@ class Boundary:
         self.shared_made = 0
         self.pending = None  # pytest's outcome raised in a callable of the tests, raised again after
         self.collected = False  # the test modules are imported: what they made, they made (`made_by`)
+        self.tests_root = ""  # where the tests' own modules are (`tests_class`)
+        self.classes_given = 0  # the tests' plain classes made in this code process
 
     def exception_class(self, name, base):
         """The test process's own class for the repository's exception class `name` (one per
@@ -1397,6 +1407,7 @@ class Boundary:
         self.handles.clear()
         self.callbacks.clear()
         self.given.clear()
+        self.classes_given = 0
         self.shared = Shared(self.wire, self.give, self.receive)
 
     def request(self, message):
@@ -1560,6 +1571,17 @@ class Boundary:
             object.__setattr__(made, "_fleet_origin", ("call", callee, args, dict(kwargs)))
         return made
 
+    def tests_class(self, value):
+        """Whether `value` is a plain class a module of the tests defines (no base, no
+        metaclass): handed to the code (attrs' `@attr.s` on it), it is made in the code process
+        from its namespace, as a class statement deriving from the code's is (`derive`)."""
+        if type(value) is not type or value.__bases__ != (object,):
+            return False
+        if value.__module__ == HIDDEN_MODULE:
+            return True
+        path = getattr(sys.modules.get(value.__module__), "__file__", None)
+        return bool(self.tests_root and type(path) is str and path.startswith(self.tests_root + os.sep))
+
     def used(self, values, kind="call", result=None):
         """While the test modules are imported, an object they made that they then change (set an
         attribute or an item, take a method, hand it to the code) is not made again in a fresh
@@ -1584,6 +1606,8 @@ class Boundary:
             elif type(value) is Handle:
                 if not value._fleet_origin:
                     return False
+            elif self.tests_class(value):  # made again in the fresh process as it is handed over
+                continue
             elif type(value) not in (str, int, float, bool, bytes, type(None)):
                 return False
         return True
@@ -1607,9 +1631,7 @@ class Boundary:
         if kind is property:
             return ["p", [None if f is None else self.give(f) for f in (value.fget, value.fset, value.fdel)]]
         if kind is type and value.__bases__ == (object,):
-            members = [
-                [k, self.member(v)] for k, v in vars(value).items() if k not in ("__dict__", "__weakref__")
-            ]
+            members = [[k, self.member(v)] for k, v in vars(value).items() if k not in CLASS_SLOTS]
             return ["k", [value.__name__, members]]
         return ["v", self.give(value)]
 
@@ -1684,6 +1706,10 @@ class Boundary:
             return tagged
         if kind is types.FunctionType and value in self.stubs:
             return ["n", self.stubs[value]]
+        if getattr(value, "__module__", None) == "typing" and "typing" in sys.modules:  # typing.ClassVar
+            name = next((n for n, v in vars(sys.modules["typing"]).items() if v is value), None)
+            if name is not None:
+                return ["n", f"typing:{name}"]  # the code process's own, by name
         if isinstance(value, types.ModuleType) and type(value.__name__) is str:
             code = kind is RemoteModule  # the repository's, or one of neither side (the environment's)
             if code or (value.__name__.partition(".")[0] not in self.names and value.__name__ in sys.modules):
@@ -1711,6 +1737,16 @@ class Boundary:
             known = self.given.get(id(value))
             if known is not None and known[0] is value:
                 return known[1]
+            if self.tests_class(value):  # made in the code process (a decorator of the code's on it)
+                try:
+                    members = [[k, self.member(v)] for k, v in vars(value).items() if k not in CLASS_SLOTS]
+                except wire.NotPlainData:
+                    pass
+                else:
+                    self.classes_given += 1
+                    reference = ["tc", self.classes_given, value.__name__, members]
+                    self.given[id(value)] = (value, reference)
+                    return reference
             tag = "cb" if callable(value) else "it" if hasattr(kind, "__next__") else "in"
             if tag == "in" and (not hasattr(kind, "__iter__") or issubclass(kind, CONTAINERS)):
                 # a container of the tests (a defaultdict, a mapping) would be half of itself
@@ -2275,6 +2311,7 @@ def _session(
     os.chdir(cwd)
     wire = load_wire(wire_path)
     boundary = Boundary(wire, wire_path, source, [*env_paths, *roots], code_cwd, env)
+    boundary.tests_root = os.path.abspath(cwd)
     side = test_side(cwd)
     names = set(repository_names([*roots, *base_roots], env_paths, sys.stdlib_module_names))
     names -= side.top_names  # a module the patch adds never shadows one of the tests' own

@@ -15,6 +15,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import typing
 import warnings
 from pathlib import Path
 
@@ -598,6 +599,11 @@ class Shape:
     corner: Point
 
 
+def decorate(cls):  # attrs' way: a decorator of the code takes a class of the tests
+    cls.decorated = [name for name in vars(cls) if not name.startswith("__")]
+    return cls
+
+
 class Invalid(ValueError):
     pass
 
@@ -909,6 +915,34 @@ def test_two_frozen_objects_whose_equality_dataclasses_generated_compare_by_thei
         with pytest.raises(wire.NotPlainData, match="holds no plain value"):
             _ = pair[0] == pair[1]  # its own __eq__, a mutable object, a value of the tests: as before
     assert seen() == []
+
+
+def test_a_plain_class_of_the_tests_handed_to_the_code_is_made_there(code):
+    """attrs' tests put `@attr.s` on their own classes: the class is made in the code process
+    from its namespace (its methods called back), so the decorator of the code works on it, and
+    it is made again in a fresh code process (each hidden test's)."""
+    _, side = code
+    Path(side.cwd, "objects.py").write_text(OBJECTS)
+    side.request(["import", "objects"])
+    side.tests_root = str(Path(__file__).parent)
+
+    @side.request(["get", "objects:decorate"])
+    class Plain:
+        kind = "plain"
+
+        def __init__(self, x):
+            self.x = x
+
+        def double(self):
+            return self.x * 2
+
+    assert isinstance(Plain, boundary.Handle) and Plain.decorated == ["kind", "double"]
+    assert Plain(3).double() == 6 and Plain.kind == "plain"
+    apply = side.request(["get", "objects:apply"])
+    assert apply(repr, typing.ClassVar) == "typing.ClassVar"  # typing's own, by name: not a callback
+    side.collected = True
+    side.restart()
+    assert Plain(4).double() == 8 and Plain.decorated == ["kind", "double"]
 
 
 def test_arithmetic_of_objects_of_the_code_alone_is_the_codes_own(code):
