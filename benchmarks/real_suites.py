@@ -142,11 +142,11 @@ def plain_pytest(
 def code_file(repo: Path) -> str:
     """The project's first Python file that is not a test, a doc or its setup (where a repository
     added with `--sdist` gets its comment patch)."""
-    skip = ("test", "doc", "setup.py", "conftest.py", "bench", "example")
+    skip = ("test", "setup.py", "conftest.py", "bench", "example")
     found = sorted(
         str(p.relative_to(repo))
         for p in repo.rglob("*.py")
-        if not any(part.startswith(skip) for part in p.relative_to(repo).parts)
+        if not any(part.startswith(skip) or part in ("doc", "docs") for part in p.relative_to(repo).parts)
     )
     if not found:
         raise ValueError(f"{repo.name}: no Python file outside its tests")
