@@ -19,8 +19,10 @@ operator with an operand of the tests compares, in the test process, the exact b
 object holds (a namedtuple's tuple); an object that holds none fails the test as one that
 "cannot cross" (`NotPlainData`), which the plan on the base commit records (`sandbox_job.py`).
 The tests' own callables cross the other way as **callbacks**: the code calls them, and they run
-in the test process with what the code passed. The outcomes go, one JSON line each, to a pipe
-only the test process holds.
+in the test process with what the code passed; a class of the tests that derives from the
+code's, or a plain one handed to a decorator of the code, is made in the code process with its
+methods as callbacks. The outcomes go, one JSON line each, to a pipe only the test process
+holds.
 """
 
 import ast
@@ -463,11 +465,15 @@ class CodeSide:
 
     Values cross as init.py's plain data, with more tags: `["h", number, label, kind]` for an
     object of the code (kind: the builtin type it derives from, else "t" a class, "c" another
-    callable, "" the rest) and, from the test process, `["cb", number]` for a callable of the
-    tests (`Callback`), `["it", number]` for an iterator of the tests (`TestIterator`), `["in",
-    number]` for another iterable of theirs (`TestIterable`), `["n", "module:name"]` for a
-    function of the code the tests hold by name, and both ways `by_value`'s tags (a builtin
-    class, a range, a standard-library value)."""
+    callable, "dN" an instance of the class of the tests' numbered N (`derive`), "" the rest;
+    a fifth item: a frozen record's class and fields, `record`) and, from the test process,
+    `["cb", number]` for a callable of the tests (`Callback`), `["it", number]` for an iterator
+    of the tests (`TestIterator`), `["in", number]` for another iterable of theirs
+    (`TestIterable`), `["tc", number, name, members]` for a plain class of theirs made here,
+    `["n", "module:name"]` for a function of the code (or a typing form) the tests hold by name,
+    `["mod", name]` for a module they hold, and both ways `by_value`'s tags (a builtin class, a
+    range, a standard-library value). Before a reply, a `["said", warnings, stdout, stderr,
+    log records]` message carries what the code said while it answered (`reply`)."""
 
     def __init__(self, wire, sock):
         self.wire = wire
