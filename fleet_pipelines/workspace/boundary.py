@@ -37,6 +37,7 @@ import importlib.machinery
 import importlib.util
 import json
 import linecache
+import logging  # 3 ms in each code process: what the code logs crosses (`Logged`)
 import math
 import operator
 import os
@@ -419,32 +420,26 @@ MAX_SAID = 100  # warnings of one request that cross, at most
 MAX_SAID_CHARS = 100_000  # characters of a warning's text, and of a request's stdout and stderr
 
 
-@functools.cache
-def logged_class():
-    """`Logged`, made on the code process's first request."""
-    import logging
+class Logged(logging.Handler):
+    """The code process's log records, as the wire carries them: the logger's name, the level, the
+    message made (text only, no traceback), where; and whether the code's own levels below the
+    root enable it (None: the tests' levels decide). On the root logger while a request is
+    answered (`CodeSide.reply`), its records those of the innermost request (None: none)."""
 
-    class Logged(logging.Handler):
-        """The log records of one request, as the wire carries them: the logger's name, the level,
-        the message made (text only, no traceback), where; and whether the code's own levels
-        below the root enable it (None: the tests' levels decide)."""
+    def __init__(self):
+        super().__init__(logging.NOTSET)
+        self.records = None
 
-        def __init__(self):
-            super().__init__(logging.NOTSET)
-            self.records = []
-
-        def emit(self, record):
-            if len(self.records) >= MAX_SAID:
-                return
-            logger, own = logging.getLogger(record.name), None
-            while logger is not None and logger.parent is not None and own is None:
-                own, logger = (logger.level or None), logger.parent
-            enabled = None if own is None else record.levelno >= own
-            text = record.getMessage()[:MAX_SAID_CHARS]
-            where = [str(record.pathname)[:500], int(record.lineno or 0), str(record.funcName)[:200]]
-            self.records.append([str(record.name)[:200], int(record.levelno), text, *where, enabled])
-
-    return Logged
+    def emit(self, record):
+        if self.records is None or len(self.records) >= MAX_SAID:
+            return
+        logger, own = logging.getLogger(record.name), None
+        while logger is not None and logger.parent is not None and own is None:
+            own, logger = (logger.level or None), logger.parent
+        enabled = None if own is None else record.levelno >= own
+        text = record.getMessage()[:MAX_SAID_CHARS]
+        where = [str(record.pathname)[:500], int(record.lineno or 0), str(record.funcName)[:200]]
+        self.records.append([str(record.name)[:200], int(record.levelno), text, *where, enabled])
 
 
 def said(stream):
@@ -483,6 +478,7 @@ class CodeSide:
         self.derived = {}  # id -> a class made here for the tests (`derive`): its instances say so
         self.callbacks = {}  # number -> Callback
         self.classes = {}  # number -> a plain class of the tests, made here (`Boundary.tests_class`)
+        self.logged = Logged()  # what the code logs while it answers (`reply`)
         self.shared = Shared(wire, lambda v, d: self.share(v, d), self.take)
 
     def send(self, message):
@@ -754,25 +750,28 @@ class CodeSide:
         (`said`): the test process warns, prints and logs it again, where pytest's `warns`,
         `recwarn`, `capsys`, `caplog` and warning filters see it, as in plain pytest."""
         import io
-        import logging  # 3 ms, in each code process: a record of the code's first import is seen too
         import warnings
 
-        out, err, logged = io.StringIO(), io.StringIO(), logged_class()()
+        out, err, logged = io.StringIO(), io.StringIO(), self.logged
+        outer, logged.records = logged.records, []  # a callable of the tests may ask again, within
         root = logging.getLogger()
         level = root.level
-        root.setLevel(logging.NOTSET)  # every record made (setLevel: the loggers' caches too)
-        root.addHandler(logged)
+        if outer is None:
+            root.setLevel(logging.NOTSET)  # every record made (setLevel: the loggers' caches too)
+            root.addHandler(logged)
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                     answer = self.answered(request)
         finally:
-            root.removeHandler(logged)
-            root.setLevel(level)
-        if caught or out.tell() or err.tell() or logged.records:
+            records, logged.records = logged.records, outer
+            if outer is None:
+                root.removeHandler(logged)
+                root.setLevel(level)
+        if caught or out.tell() or err.tell() or records:
             warned = [self.warning(w) for w in caught[:MAX_SAID]]
-            self.send(["said", warned, said(out), said(err), logged.records])
+            self.send(["said", warned, said(out), said(err), records])
         return answer
 
     @staticmethod
@@ -1203,7 +1202,6 @@ def bridge(handle):
     return type(f"{handle._fleet_label} (of the code under test)", (), inherited)
 
 
-CLASS_SLOTS = ("__dict__", "__weakref__")  # a class's own descriptors, never members that cross
 SUPER_DUNDERS = frozenset({"__init__", "__post_init__", "__call__", "__repr__", "__str__", "__getattr__"})
 SUPER_DUNDERS |= {"__getitem__", "__setitem__", "__delitem__", "__iter__", "__len__", "__enter__", "__exit__"}
 
@@ -1637,9 +1635,12 @@ class Boundary:
         if kind is property:
             return ["p", [None if f is None else self.give(f) for f in (value.fget, value.fset, value.fdel)]]
         if kind is type and value.__bases__ == (object,):
-            members = [[k, self.member(v)] for k, v in vars(value).items() if k not in CLASS_SLOTS]
-            return ["k", [value.__name__, members]]
+            return ["k", [value.__name__, self.members(value)]]
         return ["v", self.give(value)]
+
+    def members(self, cls):
+        """A plain class's namespace as `member`s, for the code process to make it again."""
+        return [[k, self.member(v)] for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")]
 
     def derived(self, name, bases, namespace, keywords):
         """The class the code process makes of a class statement of the tests (`Deriving`)."""
@@ -1745,7 +1746,7 @@ class Boundary:
                 return known[1]
             if self.tests_class(value):  # made in the code process (a decorator of the code's on it)
                 try:
-                    members = [[k, self.member(v)] for k, v in vars(value).items() if k not in CLASS_SLOTS]
+                    members = self.members(value)
                 except wire.NotPlainData:
                     pass
                 else:

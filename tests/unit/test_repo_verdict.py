@@ -854,6 +854,12 @@ def test_what_the_code_warns_prints_and_logs_reaches_pytest_warns_capsys_and_cap
     with caplog.at_level(logging.INFO, logger="objects"), pytest.warns(Warning):
         old(5)
     assert [r.getMessage() for r in caplog.records] == ["old(5) at info", "old(5) called"]
+    caplog.clear()
+    apply = side.request(["get", "objects:apply"])
+    with pytest.warns(Warning):  # old() asked for within a call back: its records once, not twice
+        assert apply(lambda: old(6)) == 6
+    assert [r.getMessage() for r in caplog.records] == ["old(6) called"]
+    capsys.readouterr()
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # a project's filterwarnings = error
         with pytest.raises(UserWarning, match="plain"), warnings.catch_warnings():
