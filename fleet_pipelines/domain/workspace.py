@@ -184,8 +184,9 @@ class Workspace(BaseModel):
     )
     generated: list[str] = Field(
         default_factory=list,
-        description="Version modules the project's build would generate (setuptools-scm, hatch-vcs), "
-        "written into the checkout, which lacks them: path, version and the setting that asks for it.",
+        description="Files the project's build would generate, written into the checkout, which lacks "
+        "them: version modules (setuptools-scm, hatch-vcs: path, version and the setting that asks for "
+        "it) and compiled gettext catalogs (`.mo` from `.po`); or why one was not written.",
     )
     baseline: TestEvidence | None = None
 

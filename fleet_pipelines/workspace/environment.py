@@ -12,8 +12,9 @@ install is the only step of a deliberation that may use the network; it takes wh
 What became of the test dependencies is kept beside them (`STATUS_FILE`): one that no wheel
 meets is left out by name with pip's reason and the others install (`_install_tests`); a test
 group whose pins conflict (one written for another Python) is left out whole, and the package's
-own dependencies are installed without it. So are the version modules the project's
-build would generate, written into the checkout (`version_files`).
+own dependencies are installed without it. So are the files the project's build would generate
+and the checkout lacks, written into it: version modules (`version_files`) and compiled message
+catalogs (`catalogs`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from configparser import Error as ConfigError
 from pathlib import Path
 
 from .boundary import repository_names
+from .catalogs import write_catalogs
 from .version_files import write_version_files
 
 TEST_RUNNER = ("pytest",)
@@ -238,8 +240,8 @@ def _install_tests(
 def environment_status(env: Path) -> dict:
     """What became of the project's test dependencies in environment `env`: {"installed":
     [specifiers], "error": pip's reason they were left out, or "", "own_removed": [the project's
-    own modules a dependency brought, removed], "generated": [version modules written into the
-    checkout (`write_version_files`)]}."""
+    own modules a dependency brought, removed], "generated": [files written into the checkout:
+    version modules (`write_version_files`), compiled catalogs (`write_catalogs`)]}."""
     try:
         found = json.loads((env / STATUS_FILE).read_text())
     except (OSError, ValueError):
@@ -275,9 +277,9 @@ def _drop_own(project: Path, target: Path) -> list[str]:
 
 def build_environment(project: Path, target: Path, extra: str = "") -> list[str]:
     """Fills `target` (made here) with the test runner and the project's dependencies, its test
-    dependencies where they install, and writes the version modules the project's build would
-    generate into the checkout at `project`; returns what was installed from the index (empty: nothing
-    needed the network)."""
+    dependencies where they install, and writes the version modules and compiled catalogs the
+    project's build would generate into the checkout at `project`; returns what was installed from
+    the index (empty: nothing needed the network)."""
     target.mkdir(parents=True, exist_ok=False)
     runner = _distribution_closure(TEST_RUNNER)
     for dist in runner:
@@ -286,7 +288,8 @@ def build_environment(project: Path, target: Path, extra: str = "") -> list[str]
     constraints.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in runner))
     wanted = [*declared_dependencies(project), *shlex.split(extra)]
     tests = [d for d in declared_test_dependencies(project) if d not in wanted]
-    status: dict = {**_NO_STATUS, "generated": write_version_files(project, read_pyproject(project))}
+    generated = [*write_version_files(project, read_pyproject(project)), *write_catalogs(project)]
+    status: dict = {**_NO_STATUS, "generated": generated}
     try:
         tests = _install_tests(target, wanted, tests, constraints, status)
         if wanted and not tests:

@@ -128,6 +128,17 @@ def _target(project: Path, relative: str) -> Path | str | None:
     return None if os.path.lexists(target) else target
 
 
+def write_generated(target: Path, data: bytes) -> None:
+    """Writes a file the build would generate into the read-only checkout, read-only itself."""
+    mode = target.parent.stat().st_mode
+    os.chmod(target.parent, mode | 0o200)
+    try:
+        target.write_bytes(data)
+        os.chmod(target, 0o444)
+    finally:
+        os.chmod(target.parent, mode)
+
+
 def _refused(template: str) -> str:
     """Why a template is not filled, or "": only `{version}` and `{version_tuple}` (`!r`, `!s`)
     are, with no format spec (a width could make the host build gigabytes of padding)."""
@@ -163,13 +174,8 @@ def write_version_files(project: Path, pyproject: dict) -> list[str]:
         if refused:
             written.append(f"{file.path}: not written, its template ({file.source}) {refused}")
             continue
-        text = template.format(version=version, version_tuple=version_tuple(version))
-        mode = target.parent.stat().st_mode
-        os.chmod(target.parent, mode | 0o200)  # the checkout is read-only
-        try:
-            target.write_text(text)
-            os.chmod(target, 0o444)
-        finally:
-            os.chmod(target.parent, mode)
+        write_generated(
+            target, template.format(version=version, version_tuple=version_tuple(version)).encode()
+        )
         written.append(f"{file.path} (version {version}, as {file.source} asks)")
     return written
