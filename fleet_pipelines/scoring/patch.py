@@ -104,6 +104,8 @@ def evidence_checks(
             CheckResult(name=PATCH_APPLIES, value=None, evidence=why, ran=ran, not_run=True),
             CheckResult(name=TESTS, value=None, evidence=why, ran=ran, not_run=True),
         ]
+    # no report: the job ended first (its limits, or what the patch did to it): `tests` says how
+    ended = not evidence.applies and evidence.tests is not None
     applies = CheckResult(
         name=PATCH_APPLIES,
         value=1.0 if evidence.applies else 0.0,
@@ -114,16 +116,17 @@ def evidence_checks(
                 else f"no change proposed: {workspace.commit[:12]} scored as it is"
             )
             if evidence.applies
-            else "does not apply: " + (evidence.apply_output.strip().splitlines() or ["no diff"])[-1]
+            else ("no verdict: " if ended else "does not apply: ")
+            + (evidence.apply_output.strip().splitlines() or ["no diff"])[-1]
         ),
         ran="git apply --check" if has_patch else "",
         output=excerpt(evidence.apply_output, _EXCERPT),
     )
     if not evidence.applies:
-        tests = CheckResult(
-            name=TESTS, value=0.0, evidence="the patch does not apply: tests score 0", ran=ran
+        said = (
+            f"{evidence.apply_output}: tests score 0" if ended else "the patch does not apply: tests score 0"
         )
-        return [applies, tests]
+        return [applies, CheckResult(name=TESTS, value=0.0, evidence=said, ran=ran)]
     hidden_given = bool(task.constraints.tests.strip())
     value, summary, forgeable = _tests_value(evidence, hidden_given)
     before = _counts(workspace.baseline)

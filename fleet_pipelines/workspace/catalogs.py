@@ -6,10 +6,14 @@ own (`msgfmt`, a script, a tox step), ignoring the `.mo` in git. A checkout lack
 tests of the translations skip or fail where the project's CI and its sdist pass them (humanize
 4.11.0: 23 tests). The judge runs no build script, so each `.po` under a `LC_MESSAGES` folder
 whose `.mo` the checkout lacks is compiled here, with Babel's reader and writer (`babel.messages`:
-parsing only, nothing of the catalog is evaluated), leaving out fuzzy entries as `msgfmt` does.
+parsing only, nothing of the catalog is evaluated), leaving out fuzzy entries and untranslated
+plurals as `msgfmt` does (on humanize's 33 catalogs, `gettext` reads the same messages from these
+as from GNU msgfmt's).
 
-A catalog through a symbolic link is not read; one that does not parse is listed, not written;
-past `MAX_CATALOG_BYTES` of catalogs in all, the rest are listed, not written.
+Babel checks header fields that gettext never reads (`Language`, the dates) where msgfmt does
+not: a catalog it refuses for one is compiled without them, and its line says so. A catalog
+through a symbolic link is not read; one that still does not parse is listed, not written; past
+`MAX_CATALOG_BYTES` of catalogs in all, the rest are listed, not written.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 from pathlib import Path
 
 from babel.messages.mofile import write_mo
@@ -25,6 +30,7 @@ from babel.messages.pofile import read_po
 from .version_files import write_generated
 
 MAX_CATALOG_BYTES = 32 * 1024 * 1024
+_CHECKED_FIELD = re.compile(rb'^"(Language|POT-Creation-Date|PO-Revision-Date):.*"\s*$')
 
 
 def source_catalogs(project: Path) -> list[Path]:
@@ -48,6 +54,30 @@ def source_catalogs(project: Path) -> list[Path]:
     return found
 
 
+def _without_checked_header_fields(text: bytes) -> bytes:
+    """`text` without the header entry's fields Babel checks and gettext never reads (`Language`,
+    the dates): GNU msgfmt compiles `Language: arabic (عربي)` and an empty `PO-Revision-Date`
+    (humanize 4.11.0's ar and uk_UA catalogs), Babel refuses them."""
+    header, blank, rest = text.partition(b"\n\n")
+    kept = [line for line in header.split(b"\n") if not _CHECKED_FIELD.match(line)]
+    return b"\n".join(kept) + blank + rest
+
+
+def _compile(text: bytes) -> tuple[bytes, int, int]:
+    """The `.mo` of a `.po` text, its messages and the lines Babel skipped (it prints "WARNING:
+    Problem on line N" for each: counted here)."""
+    problems = io.StringIO()
+    with contextlib.redirect_stdout(problems):
+        catalog = read_po(io.BytesIO(text))
+    for message in list(catalog):  # msgfmt leaves out a plural whose first form is untranslated;
+        if message.id and isinstance(message.string, tuple) and not message.string[0]:  # Babel
+            catalog.delete(message.id, message.context)  # would write it, and ngettext would say ""
+    compiled = io.BytesIO()
+    write_mo(compiled, catalog)
+    entries = sum(1 for message in catalog if message.id and message.string and not message.fuzzy)
+    return compiled.getvalue(), entries, problems.getvalue().count("WARNING: Problem on line")
+
+
 def write_catalogs(project: Path) -> list[str]:
     """Compiles the catalogs `source_catalogs` finds; one line for each (its `.mo` path relative
     to `project`, the entries written), or why it was not written."""
@@ -58,20 +88,20 @@ def write_catalogs(project: Path) -> list[str]:
         if total > MAX_CATALOG_BYTES:
             written.append(f"{relative}: not written, the catalogs pass {MAX_CATALOG_BYTES} bytes")
             continue
-        # Babel prints each line it skips ("WARNING: Problem on line N"): counted here
-        problems = io.StringIO()
+        text, notes = source.read_bytes(), []
         try:
-            with source.open("rb") as text, contextlib.redirect_stdout(problems):
-                catalog = read_po(text)
-            compiled = io.BytesIO()
-            write_mo(compiled, catalog)
+            try:
+                compiled, entries, skipped = _compile(text)
+            except ValueError as refused:  # a header field Babel checks: compiled without those
+                compiled, entries, skipped = _compile(_without_checked_header_fields(text))
+                notes.append(f"its header's Language and dates left out (Babel: {refused})"[:200])
         except Exception as error:  # Babel raises what the text makes it raise; the line says which
             why = f"{type(error).__name__}: {error}"
             written.append(f"{relative}: not written, {source.name} does not parse: {why}"[:300])
             continue
-        write_generated(source.with_suffix(".mo"), compiled.getvalue())
-        entries = sum(1 for message in catalog if message.id and message.string and not message.fuzzy)
-        skipped = problems.getvalue().count("WARNING: Problem on line")
-        note = f", {skipped} of its lines not understood" if skipped else ""
+        write_generated(source.with_suffix(".mo"), compiled)
+        if skipped:
+            notes.append(f"{skipped} of its lines not understood")
+        note = "".join(f", {n}" for n in notes)
         written.append(f"{relative} ({entries} messages, compiled from {source.name}{note})")
     return written

@@ -10,11 +10,12 @@ install is the only step of a deliberation that may use the network; it takes wh
 (`--only-binary :all:`), so no package's build code runs on the host.
 
 What became of the test dependencies is kept beside them (`STATUS_FILE`): one that no wheel
-meets is left out by name with pip's reason and the others install (`_install_tests`); a test
-group whose pins conflict (one written for another Python) is left out whole, and the package's
-own dependencies are installed without it. So are the files the project's build would generate
-and the checkout lacks, written into it: version modules (`version_files`) and compiled message
-catalogs (`catalogs`).
+meets is left out by name with pip's reason and the others install; pins pip cannot meet
+together (a lock file resolved for the project's own pytest, which ours replaces) are tried
+without their versions; a test group that still fails is left out whole, and the package's own
+dependencies are installed without it (`_install`). So are the files the project's build would
+generate and the checkout lacks, written into it: version modules (`version_files`) and compiled
+message catalogs (`catalogs`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ from configparser import ConfigParser
 from configparser import Error as ConfigError
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+
 from .boundary import repository_names
 from .catalogs import write_catalogs
-from .version_files import write_version_files
+from .version_files import setup_literal, write_version_files
 
 TEST_RUNNER = ("pytest",)
 PIP_TIMEOUT_S = 600
@@ -57,23 +61,51 @@ def read_pyproject(project: Path) -> dict:
         return {}
 
 
+# tox's conditional line, `FACTORS: requirement`: for the environments named so (pluggy 1.5.0's
+# `coverage: coverage`), not the plain test environment
+_TOX_FACTORS = re.compile(r"^!?[A-Za-z0-9_.-]+(?:,!?[A-Za-z0-9_.-]+)*\s*:\s")
+
+
 def _requirement_lines(text: str) -> list[str]:
     """Requirement specifiers of a requirements file or a tox `deps` value: comments, options,
-    URLs, paths, editable installs and tox substitutions left out."""
+    URLs, paths, editable installs, tox substitutions and tox's conditional lines left out."""
     found = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
-        if line and not line.startswith(("-", ".", "/")) and "://" not in line and "{" not in line:
+        if not line or line.startswith(("-", ".", "/")) or "://" in line or "{" in line:
+            continue
+        if not _TOX_FACTORS.match(line):
             found.append(line)
     return found
 
 
+def _config(project: Path, name: str) -> ConfigParser | None:
+    """The project's INI-style configuration file `name` (setup.cfg, tox.ini), parsed; None where
+    it has none or it does not parse."""
+    path = project / name
+    if not path.is_file():
+        return None
+    parser = ConfigParser(interpolation=None)
+    try:
+        parser.read_string(path.read_text(errors="replace"))
+    except ConfigError:
+        return None
+    return parser
+
+
 def declared_dependencies(project: Path) -> list[str]:
-    """The requirement specifiers the project declares (pyproject's [project].dependencies, then
-    requirements.txt's lines), without options, URLs or editable installs."""
+    """The requirement specifiers the project declares: pyproject's [project].dependencies,
+    setup.cfg's `[options] install_requires`, setup.py's literal `install_requires=[...]` (read,
+    never run: asttokens 2.4.1 declares `six` in setup.cfg alone), then requirements.txt's lines;
+    without options, URLs or editable installs."""
     found = [
         d for d in read_pyproject(project).get("project", {}).get("dependencies", []) if isinstance(d, str)
     ]
+    setup_cfg = _config(project, "setup.cfg")
+    if setup_cfg is not None:
+        found += _requirement_lines(setup_cfg.get("options", "install_requires", fallback=""))
+    literal = setup_literal(project / "setup.py", "install_requires")
+    found += [d for d in literal if isinstance(d, str)] if isinstance(literal, list | tuple) else []
     requirements = project / "requirements.txt"
     if requirements.is_file():
         found += _requirement_lines(requirements.read_text(errors="replace"))
@@ -139,15 +171,8 @@ def declared_test_dependencies(project: Path) -> list[str]:
     found += _poetry_dev(data)
     configs = (("setup.cfg", "options.extras_require", None), ("tox.ini", "testenv", "deps"))
     for config, section, key in configs:
-        path = project / config
-        if not path.is_file():
-            continue
-        parser = ConfigParser(interpolation=None)
-        try:
-            parser.read_string(path.read_text(errors="replace"))
-        except ConfigError:
-            continue
-        if not parser.has_section(section):
+        parser = _config(project, config)
+        if parser is None or not parser.has_section(section):
             continue
         for name in [key] if key else TEST_GROUPS:
             value = parser.get(section, name, fallback="")
@@ -203,38 +228,69 @@ def _pip_install(target: Path, wanted: list[str], constraints: Path) -> None:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, cwd=target)
     except subprocess.TimeoutExpired as exc:
         raise DependencyError(f"pip install took over {PIP_TIMEOUT_S} s: {wanted}") from exc
-    if done.returncode != 0:
-        raise DependencyError(f"pip install {' '.join(wanted)} failed: {done.stderr.strip()[-800:]}")
+    if done.returncode != 0:  # pip's warnings (an index location it skips) would fill the tail
+        said = "\n".join(line for line in done.stderr.splitlines() if not line.startswith("WARNING: "))
+        raise DependencyError(f"pip install {' '.join(wanted)} failed: {said.strip()[-1500:]}")
 
 
 # pip's words for a requirement that no wheel here meets (zipp's `big-O` has an sdist only)
 _UNMET = re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
-def _install_tests(
-    target: Path, wanted: list[str], tests: list[str], constraints: Path, status: dict
-) -> list[str]:
-    """The project's dependencies with its test dependencies: a test dependency that no wheel
-    meets is left out by name, with pip's reason, and the others are installed (zipp's test
-    extra names `big-O` beside the `jaraco.*` its tests import); where pip's reason names none
-    (conflicting pins), the whole group is left out and the package's own dependencies are
-    installed without it. Returns the test dependencies installed (`status` says the rest)."""
+def _conflict(error: DependencyError) -> str:
+    """pip's lines that say what conflicts ("... depends on pytest<9"), else its last line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    said = [line for line in lines if " depends on " in line or "The user requested" in line]
+    return "; ".join(said[:4] or lines[-1:])[:400]
+
+
+def unpinned(requirement: str) -> str:
+    """`requirement` without its version specifier (its extras and marker kept); as given where
+    it does not parse."""
+    try:
+        parsed = Requirement(requirement)
+    except InvalidRequirement:
+        return requirement
+    parsed.specifier = SpecifierSet()
+    return str(parsed)
+
+
+def _install(target: Path, wanted: list[str], tests: list[str], constraints: Path, status: dict) -> list[str]:
+    """The project's dependencies with its test dependencies, by pip's answers:
+    - a test dependency that no wheel meets is left out by name, with pip's reason, and the
+      others are installed (zipp's test extra names `big-O` beside the `jaraco.*` its tests import);
+    - where pip's reason names none (pins it cannot meet together), every requirement is tried
+      once more without its version: a lock file's pins were resolved for the project's own pytest
+      and pluggy, which ours replace (blinker 1.8.2 pins `pytest-asyncio==0.23.6`, which requires
+      pytest < 9; glom 23.5.0's requirements.txt pins `tox==3.7.0`, which requires pluggy < 1);
+    - if that fails too, the test dependencies are left out whole and the package's own
+      dependencies are installed without them (a `DependencyError` if those fail).
+    Returns the requirements installed, the project's then its tests' (`status` says the rest)."""
     left_out: list[str] = []
-    while tests:
+    while wanted or tests:
         try:
             _pip_install(target, [*wanted, *tests], constraints)
             break
         except DependencyError as exc:
             unmet = _UNMET.search(str(exc))
             drop = [t for t in tests if unmet and _key(_NAME.match(t).group(1)) == _key(unmet.group(1))]
-            if not drop:
-                left_out.append(str(exc))
-                tests = []
-                break
-            left_out.append(f"{', '.join(drop)}: no wheel meets it (pip: {unmet.group(0)})")
-            tests = [t for t in tests if t not in drop]
+            if drop:
+                left_out.append(f"{', '.join(drop)}: no wheel meets it (pip: {unmet.group(0)})")
+                tests = [t for t in tests if t not in drop]
+                continue
+            relaxed = [list(dict.fromkeys(map(unpinned, r))) for r in (wanted, tests)]
+            if relaxed != [wanted, tests]:
+                left_out.append(
+                    f"versions left out: pip could not meet them together (pip: {_conflict(exc)})"
+                )
+                wanted, tests = relaxed
+                continue
+            if not tests:
+                raise
+            left_out.append(str(exc))
+            tests = []
     status["installed"], status["error"] = tests, "; ".join(left_out)
-    return tests
+    return [*wanted, *tests]
 
 
 def environment_status(env: Path) -> dict:
@@ -291,16 +347,13 @@ def build_environment(project: Path, target: Path, extra: str = "") -> list[str]
     generated = [*write_version_files(project, read_pyproject(project)), *write_catalogs(project)]
     status: dict = {**_NO_STATUS, "generated": generated}
     try:
-        tests = _install_tests(target, wanted, tests, constraints, status)
-        if wanted and not tests:
-            _pip_install(target, wanted, constraints)
+        installed = _install(target, wanted, tests, constraints, status)
     finally:
         constraints.unlink()
     status["own_removed"] = _drop_own(project, target)
     (target / STATUS_FILE).write_text(json.dumps(status))
-    wanted += tests
     for directory, _dirs, files in os.walk(target):
         os.chmod(directory, 0o555)
         for name in files:
             os.chmod(os.path.join(directory, name), 0o444)
-    return wanted
+    return installed

@@ -256,6 +256,8 @@ NAMED_SAMPLE = 24  # pass-to-pass tests named after what the hidden tests import
 MAX_FAILING = 50  # the base's failing tests re-run across the boundary after a patch (fixed?)
 MAX_RECHECK = 200  # regressed tests re-run on the base to tell a flaky one (more: a breaking patch)
 FAILING_IDS_KEPT = 50  # failing ids an evidence lists (benchmarks/real_suites.py raises it)
+WALL_RESERVE_S = 10.0  # a job's own start, copy, apply, ruff and sample beside its plain runs
+CPU_SHARE = 0.8  # of a process's CPU limit, the most the baseline's run may take
 _PLANS: dict[tuple[str, ...], TestPlan] = {}
 _PLANS_LOCK = threading.Lock()
 _RANDOM = random.SystemRandom()  # the sample is the host's secret: the patch cannot aim at it
@@ -474,6 +476,28 @@ def pass_to_pass_evidence(
     return evidence, dataclasses.replace(plan, flaky=frozenset(flaky), crossable=crossable, named=named)
 
 
+def over_limits(workspace: Workspace, limits: RepoRunLimits, planning: bool) -> str:
+    """Why a patch's job cannot finish within `limits`, judged from the base alone (the
+    baseline's duration), or "": plain pytest runs the whole suite once in every job and once more
+    on the base in a workspace's first (`planning`), each test process holds `cpu_s` of CPU, and
+    a job past `wall_s` is killed with no verdict. chardet 5.2.0's 754 tests take 60 s here: every
+    patch was killed at 120 s and scored 0, the honest ones too."""
+    took = workspace.baseline.duration_s if workspace.baseline else 0.0
+    runs = 2 if planning else 1
+    if took * runs + WALL_RESERVE_S > limits.wall_s:
+        return (
+            f"the repository's tests take {took:.0f} s (its baseline) and a patch's job runs them {runs} "
+            f"time{'s' * (runs > 1)}: over the run's wall-clock limit of {limits.wall_s:g} s "
+            "(raise the repos resource's runs.wall_s)"
+        )
+    if took > CPU_SHARE * limits.cpu_s:
+        return (
+            f"the repository's tests take {took:.0f} s (its baseline): too near the CPU limit of "
+            f"{limits.cpu_s:g} s of each process of a run (raise the repos resource's runs.cpu_s)"
+        )
+    return ""
+
+
 def score_patch(
     workspace: Workspace,
     patch: str,
@@ -498,6 +522,9 @@ def score_patch(
     key = _plan_key(workspace, hidden_tests)
     with _PLANS_LOCK:
         plan = _PLANS.get(key)
+    too_long = over_limits(workspace, limits, plan is None)
+    if too_long:
+        return PatchEvidence(applies=False, changed_files=changed, not_run=too_long)
     tests_own = test_side_files(workspace.path, workspace.subdir, workspace.commit)
     args = pytest_args(workspace.test_command)
     job: dict = {

@@ -67,9 +67,11 @@ def excerpt(text, limit=EXCERPT):
 # processes of its own. pytest-randomly, which reorders and reseeds tests, is not loaded.
 NEUTRAL_OPTIONS = {"pytest-cov": ["--no-cov"], "pytest-xdist": ["-n", "0"]}
 NOT_LOADED = {"pytest-randomly"}
-# Deprecations of the judge's pytest (newer than a project's CI may have run) never fail a test,
-# even under a project's `filterwarnings = error` (python-dateutil's generator parametrize).
-PYTEST_DEPRECATIONS = ["-W", "ignore::pytest.PytestRemovedIn10Warning"]
+# Deprecations of the judge's pytest and of the plugin releases that install beside it (newer than
+# a project's CI may have run) never fail a test, even under a project's `filterwarnings = error`:
+# python-dateutil's generator parametrize (pytest 9's PytestRemovedIn10Warning), blinker's
+# pytest-asyncio, whose pin was relaxed to a release for our pytest that warns at configuration.
+PYTEST_DEPRECATIONS = ["-W", "ignore::pytest.PytestDeprecationWarning"]
 # A test module that cannot be collected (a test dependency that did not install) fails alone:
 # its tests are errors, and every other module still runs (plain pytest would run none).
 COLLECTION = ["--continue-on-collection-errors"]
@@ -164,15 +166,35 @@ def pytest_load_initial_conftests(early_config, parser, args):
 """
 
 
+# A repository's own top-level `test` module (chardet 5.2.0's test.py) is what `import test` finds
+# in its in-process runs, as where pytest puts its folder first: the standard library after it
+# holds CPython's `test` package (kept for `test.support`, which zipp's tests import).
+OWN_TEST_MODULE = """
+import importlib.machinery
+
+
+class _OwnTest:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        return importlib.machinery.PathFinder.find_spec(name, [{root!r}]) if name == "test" else None
+
+
+sys.meta_path.insert(0, _OwnTest)
+"""
+
+
 def in_process_environment(job, cwd):
     """The environment of a command that runs the repository in process (the test command, as
     the baseline and the agents' run_tests tool run it): the repository importable after the
     standard library and the environment (a sitecustomize of ours appends it; PYTHONSAFEPATH:
-    no working directory ahead of the standard library), never ahead of them; pytest with
+    no working directory ahead of the standard library), never ahead of them, but for its own
+    `test` module (`OWN_TEST_MODULE`); pytest with
     `ADDOPTS_PLUGIN` (`fleet_addopts`)."""
     os.makedirs(BOOT, exist_ok=True)
     with open(f"{BOOT}/sitecustomize.py", "w") as f:
         f.write(f"import sys\nsys.path.extend({[cwd, os.path.join(cwd, 'src')]!r})\n")
+        if any(os.path.exists(os.path.join(cwd, own)) for own in ("test.py", "test/__init__.py")):
+            f.write(OWN_TEST_MODULE.format(root=cwd))
     with open(f"{BOOT}/fleet_addopts.py", "w") as f:
         f.write(ADDOPTS_PLUGIN)
     env = environment(job)
@@ -1020,6 +1042,8 @@ def load_boundary(source):
         sys.path.append("/mnt/env")
         try:
             module.preload()
+        except ImportError:  # pytest imports the repository's own package (pluggy): no preload,
+            pass  # each test process tries again and says why it could not
         finally:
             sys.path.remove("/mnt/env")
     return module

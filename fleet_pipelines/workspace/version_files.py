@@ -55,23 +55,28 @@ def _table(data: dict, *keys: str) -> dict:
     return data
 
 
-def _setup_scm(setup_py: Path) -> dict:
-    """`use_scm_version={...}` of the `setup()` call in setup.py, read as a literal (never run);
-    {} where there is none, it is computed, or the file does not parse."""
+def setup_literal(setup_py: Path, keyword: str) -> object:
+    """The value of `keyword` in the `setup()` call of setup.py, read as a literal (never run);
+    None where there is none, it is computed, or the file does not parse."""
     try:
         tree = parse_module(setup_py.read_bytes())
     except (OSError, SyntaxError, ValueError):
-        return {}
+        return None
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "setup":
-            for keyword in node.keywords:
-                if keyword.arg == "use_scm_version" and isinstance(keyword.value, ast.Dict):
+            for given in node.keywords:
+                if given.arg == keyword:
                     try:
-                        found = ast.literal_eval(keyword.value)
+                        return ast.literal_eval(given.value)
                     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                        return {}
-                    return found if isinstance(found, dict) else {}
-    return {}
+                        return None
+    return None
+
+
+def _setup_scm(setup_py: Path) -> dict:
+    """`use_scm_version={...}` of setup.py's `setup()` call; {} where it is no literal table."""
+    found = setup_literal(setup_py, "use_scm_version")
+    return found if isinstance(found, dict) else {}
 
 
 def _configured(pyproject: dict, setup_scm: dict) -> tuple[list[VersionFile], list[str]]:

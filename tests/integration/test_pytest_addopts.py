@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleet_pipelines.workspace.sandbox_job import ADDOPTS_PLUGIN
+from fleet_pipelines.workspace.sandbox_job import ADDOPTS_PLUGIN, PYTEST_DEPRECATIONS
 
 
 def pytest_run(project: Path, plugins: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -71,3 +71,31 @@ def test_addopts_of_plugins_not_loaded_are_left_out_and_the_rest_is_kept(tmp_pat
     assert pytest_run(project, plugins).returncode == 1  # prepend: the folder is sys.path[0]
     ran = pytest_run(project, plugins, FLEET_IMPORT_MODE="append")
     assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
+def test_a_deprecation_of_the_judges_pytest_or_its_plugins_fails_nothing_under_filterwarnings_error(
+    tmp_path: Path,
+):
+    """blinker 1.8.2 pins pytest-asyncio 0.23.6, which requires pytest < 9: its pin is relaxed, and
+    the release that installs beside our pytest warns at configuration (a PytestDeprecationWarning)
+    that blinker's `filterwarnings = error` made an internal error of every run. The judge's
+    options ignore such deprecations; plain pytest here still fails, and so does a test's own one."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "fleet_addopts.py").write_text(ADDOPTS_PLUGIN)
+    (plugins / "newer_plugin.py").write_text(
+        "import warnings\n\nimport pytest\n\n\ndef pytest_configure(config):\n"
+        "    warnings.warn(pytest.PytestDeprecationWarning('an option of this release is unset'))\n"
+    )
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pytest.ini").write_text("[pytest]\nfilterwarnings = error\n")
+    (project / "test_it.py").write_text(
+        "import warnings\n\nimport pytest\n\n\ndef test_plain():\n    assert True\n\n\n"
+        "def test_its_own_warning():\n    warnings.warn(UserWarning('an error here'))\n"
+    )
+    ran = pytest_run(project, plugins, "-p", "newer_plugin")
+    assert ran.returncode == 3 and "an option of this release is unset" in ran.stdout + ran.stderr
+    ran = pytest_run(project, plugins, "-p", "newer_plugin", *PYTEST_DEPRECATIONS)
+    assert ran.returncode == 1 and "1 failed, 1 passed" in ran.stdout, ran.stdout + ran.stderr
+    assert "UserWarning: an error here" in ran.stdout

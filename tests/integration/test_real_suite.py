@@ -5,6 +5,8 @@ pass, and the hidden test names the bug."""
 
 from __future__ import annotations
 
+import gettext
+import shutil
 import subprocess
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from fleet_pipelines.domain.models import Constraints, RepoSpec, Task
 from fleet_pipelines.evaluation.real_suites import (
     SUITES,
+    Suite,
     comment_patch,
     diff,
     gate,
@@ -87,28 +90,28 @@ def test_projects_whose_configuration_names_coverage_are_judged_with_their_test_
     name, tmp_path, traversable_dir
 ):
     """wcwidth 0.2.13 and semver 3.0.4 put pytest-cov's `--cov` in their addopts: before, pytest
-    refused every run ("unrecognized arguments") and no test could be judged. semver's test group
-    installs (pytest-cov among them, loaded with `--no-cov`: the judge measures no coverage) and
-    its `importlib` import mode is kept; wcwidth's pinned test requirements (Python 3.9's) have
-    no wheels here: left out with pip's reason, and so are the options of the plugin it lacks."""
+    refused every run ("unrecognized arguments") and no test could be judged. Their test groups
+    install (pytest-cov among them, loaded with `--no-cov`: the judge measures no coverage) and
+    semver's `importlib` import mode is kept. wcwidth pins its test requirements for Python 3.9:
+    two have no wheel here (left out by name with pip's reason), and the others install once
+    their versions are left out (pip could not meet them together)."""
     suite = next(s for s in SUITES if s.name == name)
     archive = fetch(suite.sdist)
     repo = unpack_repo(archive, tmp_path / "clean")
     workspace = prepare_workspace(
         name, RepoSpec(url=str(repo), test_command=suite.test_command), traversable_dir
     )
+    assert "pytest-cov" in workspace.test_dependencies
     if name == "semver":
-        assert "pytest-cov" in workspace.test_dependencies and not workspace.test_dependencies_error
+        assert not workspace.test_dependencies_error
     else:
-        assert (
-            workspace.test_dependencies == [] and "restructuredtext-lint" in workspace.test_dependencies_error
-        )
+        error = workspace.test_dependencies_error
+        assert "restructuredtext-lint==1.4.0: no wheel meets it" in error, error
+        assert "versions left out: pip could not meet them together" in error, error
     baseline = workspace.baseline
     assert baseline is not None and baseline.status == "passed" and baseline.passed >= 38, baseline
-    if name == "semver":  # pytest-cov loaded, with --no-cov: its options stand, nothing is measured
-        assert "left out: " not in baseline.output and "coverage: " not in baseline.output
-    else:  # not installed: its options are left out
-        assert "left out: --cov-append --cov-report=html" in baseline.output
+    # pytest-cov loaded, with --no-cov: their options stand, nothing is measured
+    assert "left out: " not in baseline.output and "coverage: " not in baseline.output
 
     task = Task(task_id=name, description="a change", role="DEV", num_agents=1)
     path, old, new = suite.mutant
@@ -126,7 +129,7 @@ def test_a_project_that_imports_its_build_generated_version_module_is_judged(tmp
     .gitignore keeps out of a checkout: every test module failed to import and nothing could be
     judged. The module is written from its pyproject.toml, with the sdist's version. Its
     translations (`.mo`, compiled by its own script and ignored by git too) are compiled from
-    their `.po`: its i18n tests skipped themselves without them (598 of 621 passed)."""
+    their `.po`: its i18n tests skipped themselves without them (598 of 621 passed), now all pass."""
     suite = next(s for s in SUITES if s.name == "humanize")
     repo = unpack_repo(fetch(suite.sdist), tmp_path / "clean")
     tracked = subprocess.run(["git", "-C", str(repo), "ls-files"], capture_output=True, text=True, check=True)
@@ -139,12 +142,58 @@ def test_a_project_that_imports_its_build_generated_version_module_is_judged(tmp
         "src/humanize/_version.py (version 4.11.0, as tool.hatch.build.hooks.vcs.version-file asks)"
     )
     catalogs = workspace.generated[1:]
-    assert len(catalogs) == 33 and all(line.startswith("src/humanize/locale/") for line in catalogs)
-    # its Arabic catalog's `Language: arabic (عربي)` is no locale name Babel takes: listed, not written
-    refused = [line for line in catalogs if "not written" in line]
-    assert len(refused) == 1 and refused[0].startswith("src/humanize/locale/ar/"), refused
-    written = traversable_dir / "humanize" / workspace.commit / "repo" / "src/humanize/_version.py"
+    assert len(catalogs) == 33 and not [line for line in catalogs if "not written" in line], catalogs
+    # Babel refuses `Language: arabic (عربي)` (ar) and an empty `PO-Revision-Date` (uk_UA), which
+    # msgfmt compiles: both compiled without those header fields, and said so
+    noted = sorted(line.split("/")[3] for line in catalogs if "header's Language and dates left out" in line)
+    assert noted == ["ar", "uk_UA"], catalogs
+    checkout = traversable_dir / "humanize" / workspace.commit / "repo"
+    if shutil.which("msgfmt"):  # GNU gettext's own compiler: gettext reads the same messages
+        for source in sorted(checkout.glob("src/humanize/locale/*/LC_MESSAGES/humanize.po")):
+            reference = tmp_path / f"{source.parent.parent.name}.mo"
+            subprocess.run(["msgfmt", "-o", str(reference), str(source)], check=True)
+            ours = gettext.GNUTranslations(source.with_suffix(".mo").open("rb"))
+            theirs = gettext.GNUTranslations(reference.open("rb"))
+            messages = {k: v for k, v in ours._catalog.items() if k != ""}  # "": the header
+            assert messages == {k: v for k, v in theirs._catalog.items() if k != ""}, source
+            assert [ours.ngettext("a", "b", n) for n in range(12)] == [
+                theirs.ngettext("a", "b", n) for n in range(12)
+            ]
+    written = checkout / "src/humanize/_version.py"
     assert "__version__ = version = '4.11.0'" in written.read_text()
     baseline = workspace.baseline
-    # 619 of its 621: the two Arabic tests skip themselves, as they did without any catalog
-    assert baseline is not None and baseline.status == "passed" and baseline.passed == 619, baseline
+    assert baseline is not None and baseline.status == "passed" and baseline.passed == 621, baseline
+
+
+def test_a_package_pytest_itself_imports_is_judged_by_plain_pytest(tmp_path, traversable_dir):
+    """pluggy 1.5.0 (not one of the benchmark's suites): pytest imports pluggy, so the judge's
+    pytest could not be imported ahead of the repository (the environment's copy is removed: the
+    tests must judge the repository's), and every patch's job ended before its report ("the patch
+    does not apply"). Its pass-to-pass tests are judged by plain pytest, which runs on the
+    repository's pluggy as a developer's does; its tox.ini's `coverage: coverage` (a line for
+    tox's `coverage` environments) is no requirement."""
+    pluggy = Suite(
+        "pluggy",
+        "1.5.0",
+        "2cffa88e94fdc978c4c574f15f9e59b7f4201d439195c3715ca9e2486f1d0cf1",
+        "pytest testing",
+    )
+    repo = unpack_repo(fetch(pluggy.sdist), tmp_path / "clean")
+    workspace = prepare_workspace(
+        "pluggy", RepoSpec(url=str(repo), test_command=pluggy.test_command), traversable_dir
+    )
+    assert workspace.own_removed == ["pluggy"] and not workspace.test_dependencies_error
+    assert workspace.baseline is not None and workspace.baseline.passed == 109, workspace.baseline
+    task = Task(task_id="pluggy", description="a change", role="DEV", num_agents=1)
+    failures, _, evidence = gate(workspace, task, comment_patch(repo, "src/pluggy/_result.py"))
+    assert failures == [] and evidence.applies and evidence.tests is not None, failures
+    assert (evidence.tests.passed, evidence.tests.failed) == (109, 0)
+    path = "src/pluggy/_result.py"  # a hook's result is never returned
+    text = (repo / path).read_text()
+    broken = diff(
+        repo,
+        path,
+        replace_line(text, " " * 12 + "return cast(ResultType, self._result)", " " * 12 + "return None"),
+    )
+    failures, _, evidence = gate(workspace, task, broken)
+    assert failures and failures[0].startswith("tests = ") and evidence.applies

@@ -881,7 +881,11 @@ def test_a_forged_verdict_scores_no_higher_than_the_honest_wrong_patch(judged: J
     assert not tests.forgeable
     assert not candidate.passed and candidate.hidden_status != "passed", candidate
     assert candidate.examples_passed <= 1 and candidate.examples_total <= 2, candidate
-    if name != "kills every other process on import":  # that one ends the job itself: no report, 0
+    if name == "kills every other process on import":  # that one ends the job itself: no report, 0
+        said = checks["tests"].evidence  # never "does not apply": it applied, and left no verdict
+        assert said.startswith("the run ended before its report: ") and said.endswith(": tests score 0")
+        assert checks["patch_applies"].evidence.startswith("no verdict: the run ended before its report")
+    else:
         assert forged.applies, forged.apply_output  # the job outlives whatever the patch did
         assert forged.hidden is not None and forged.hidden.passed == 0, forged.hidden
     if name in FLAGGED:
@@ -899,3 +903,33 @@ FLAGGED = {
     "sitecustomize.py and a .pth file",
     "pytest configuration in pyproject.toml deselects the failing test",
 }
+
+
+@needs_sandbox
+def test_a_repositorys_own_test_module_is_not_shadowed_by_cpythons_test_package(tmp_path, root):
+    """chardet 5.2.0's tests are its root `test.py`: the baseline imported the standard library's
+    `test` package instead (kept in the sandbox for `test.support`) and read a collection error."""
+    files = {"calc.py": "x = 1\n", "test.py": "from calc import x\n\n\ndef test_x():\n    assert x == 1\n"}
+    source = make_repo(tmp_path / "src", files)
+    ws = prepare_workspace("own-test", RepoSpec(url=str(source), test_command="pytest test.py"), root)
+    assert ws.baseline is not None and (ws.baseline.status, ws.baseline.passed) == ("passed", 1), ws.baseline
+    evidence = score_patch(ws, "--- a/calc.py\n+++ b/calc.py\n@@ -1 +1,2 @@\n+# a comment\n x = 1\n")
+    assert evidence.tests is not None and (evidence.tests.status, evidence.tests.passed) == ("passed", 1)
+
+
+@needs_sandbox
+def test_a_suite_too_long_for_the_runs_limits_is_not_run_from_its_baseline(tmp_path, root):
+    """chardet 5.2.0's suite takes 60 s here: every patch's job was killed at the 120 s wall limit
+    and scored 0, honest patches too. The baseline's duration says so before any job runs."""
+    slow = "import time\n\n\ndef test_slow():\n    time.sleep(3)\n"
+    source = make_repo(tmp_path / "src", {"a.py": "x = 1\n", "tests/test_a.py": slow})
+    ws = prepare_workspace("slow", RepoSpec(url=str(source)), root)
+    assert ws.baseline is not None and ws.baseline.passed == 1 and ws.baseline.duration_s >= 3
+    comment = "--- a/a.py\n+++ b/a.py\n@@ -1 +1,2 @@\n+# a comment\n x = 1\n"
+    evidence = score_patch(ws, comment, limits=RepoRunLimits(wall_s=15))
+    assert evidence.not_run.startswith(f"the repository's tests take {ws.baseline.duration_s:.0f} s")
+    assert "runs them 2 times: over the run's wall-clock limit of 15 s" in evidence.not_run
+    assert "raise the repos resource's runs.wall_s" in evidence.not_run
+    evidence = score_patch(ws, comment, limits=RepoRunLimits(cpu_s=3))
+    assert "too near the CPU limit of 3 s" in evidence.not_run
+    assert score_patch(ws, comment).tests.passed == 1  # the default limits hold it

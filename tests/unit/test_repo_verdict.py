@@ -1197,9 +1197,11 @@ def test_a_projects_declared_test_dependencies_are_read_where_projects_write_the
     (tmp_path.parent / "outside.txt").write_text("evil\n")
     (tmp_path / "tox.ini").write_text(
         "[testenv]\ndeps =\n    -r{toxinidir}/requirements-tests.txt\n    -r ../outside.txt\n    coverage\n"
+        "    cov: pytest-cov\n    py38,!pypy: mock\n"
     )
     # the groups named test/tests/testing, include-group followed; pytest and what it requires
-    # (pluggy) are the judge's own runner and never installed; a -r outside the project is not read
+    # (pluggy) are the judge's own runner and never installed; a -r outside the project is not
+    # read; tox's lines for named environments only (`cov: pytest-cov`) are not the test's
     assert declared_test_dependencies(tmp_path) == [
         "pytest-mock",
         "pytest-cov",
@@ -1235,6 +1237,31 @@ def test_a_projects_declared_test_dependencies_are_read_where_projects_write_the
     assert declared_test_dependencies(pdm) == ["hypothesis>=6.79.4", "immutables"]
 
 
+def test_a_projects_own_dependencies_are_read_from_setup_cfg_and_setup_pys_literal(tmp_path: Path):
+    """asttokens 2.4.1 declares `six` in setup.cfg alone: its tests failed to import it."""
+    from fleet_pipelines.workspace.environment import declared_dependencies
+
+    (tmp_path / "setup.cfg").write_text(
+        '[options]\ninstall_requires =\n    six >= 1.12.0\n    typing; python_version < "3.5"\n'
+    )
+    (tmp_path / "setup.py").write_text(
+        "import setuptools\n\nsetuptools.setup(name='p', install_requires=['attrs>=20', 'six >= 1.12.0'])\n"
+    )
+    (tmp_path / "requirements.txt").write_text("PyYAML==6.0.1\n")
+    assert declared_dependencies(tmp_path) == [
+        "six >= 1.12.0",
+        'typing; python_version < "3.5"',
+        "attrs>=20",
+        "PyYAML==6.0.1",
+    ]
+    # a computed list is never run: nothing is read from it
+    (tmp_path / "setup.py").write_text(
+        "from setuptools import setup\n\nsetup(install_requires=open('r').read())\n"
+    )
+    (tmp_path / "setup.cfg").unlink()
+    assert declared_dependencies(tmp_path) == ["PyYAML==6.0.1"]
+
+
 def test_the_environments_pytest_plugins_load_by_name_with_what_they_change_about_the_run_off(tmp_path: Path):
     from fleet_pipelines.workspace import sandbox_job
 
@@ -1254,11 +1281,11 @@ def test_the_environments_pytest_plugins_load_by_name_with_what_they_change_abou
         if points:
             (tmp_path / f"{dist}.dist-info" / "entry_points.txt").write_text(points)
     # coverage measured by nothing, xdist distributing nothing (their marks and fixtures stay),
-    # randomly not loaded; the judge's own pytest's deprecations never errors
+    # randomly not loaded; deprecations of the judge's pytest and its plugins never errors
     assert sandbox_job.pytest_options(str(tmp_path)) == [
         *("-p", "_hypothesis_pytestplugin", "-p", "pytest_cov.plugin", "-p", "pytest_mock"),
         *("-p", "xdist.plugin", "-p", "xdist.looponfail", "--no-cov", "-n", "0"),
-        *("-W", "ignore::pytest.PytestRemovedIn10Warning", "--continue-on-collection-errors"),
+        *("-W", "ignore::pytest.PytestDeprecationWarning", "--continue-on-collection-errors"),
     ]
     assert sandbox_job.pytest_options(str(tmp_path / "none")) == [
         *sandbox_job.PYTEST_DEPRECATIONS,
@@ -1300,3 +1327,12 @@ def test_the_projects_own_code_that_a_dependency_installed_is_removed_from_the_e
     (env / "freezegun-1.5.1.dist-info" / "RECORD").write_text("freezegun/api.py,sha256=x,1\n")
     assert _drop_own(project, env) == ["dateutil"]
     assert sorted(p.name for p in env.iterdir()) == ["freezegun", "freezegun-1.5.1.dist-info", "six.py"]
+
+
+def test_a_test_dependency_unpinned_keeps_its_extras_and_marker():
+    """The retry of test dependencies whose pins pip cannot meet together (`_install_tests`)."""
+    from fleet_pipelines.workspace.environment import unpinned
+
+    assert unpinned("pytest-asyncio==0.23.6") == "pytest-asyncio"
+    assert unpinned("foo[bar]>=1,<2; python_version < '3.12'") == 'foo[bar]; python_version < "3.12"'
+    assert unpinned("not a requirement ===") == "not a requirement ==="
