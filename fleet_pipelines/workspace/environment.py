@@ -112,6 +112,34 @@ def declared_dependencies(project: Path) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+_SCRIPT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_SCRIPT_TARGET = re.compile(r"^([A-Za-z_][\w.]*)\s*:\s*([A-Za-z_][\w.]*)\s*(\[[^\]]*\])?$")
+
+
+def console_scripts(project: Path) -> dict[str, str]:
+    """The console scripts the project declares, name -> `module:attr`, as `pip install -e .`
+    puts them on a developer's PATH: pyproject's [project.scripts], setup.cfg's
+    `[options.entry_points] console_scripts`, setup.py's literal `entry_points=`. python-dotenv
+    1.0.1's CLI tests run `dotenv` in a subprocess. Names and targets that are not plain
+    identifiers are left out."""
+    found: dict[str, str] = {}
+    scripts = read_pyproject(project).get("project", {}).get("scripts", {})
+    pairs = list(scripts.items()) if isinstance(scripts, dict) else []
+    setup_cfg = _config(project, "setup.cfg")
+    lines = setup_cfg.get("options.entry_points", "console_scripts", fallback="") if setup_cfg else ""
+    literal = setup_literal(project / "setup.py", "entry_points")
+    if isinstance(literal, dict) and isinstance(literal.get("console_scripts"), list | tuple):
+        lines += "\n" + "\n".join(str(line) for line in literal["console_scripts"])
+    pairs += [
+        tuple(part.strip() for part in line.split("=", 1)) for line in lines.splitlines() if "=" in line
+    ]
+    for name, target in pairs:
+        matched = _SCRIPT_TARGET.match(target) if isinstance(target, str) else None
+        if isinstance(name, str) and _SCRIPT_NAME.match(name) and matched:
+            found.setdefault(name, f"{matched.group(1)}:{matched.group(2)}")
+    return found
+
+
 def _key(name: str) -> str:
     """A distribution's name as pip compares them (PEP 503)."""
     return re.sub(r"[-_.]+", "-", name).lower()

@@ -40,6 +40,7 @@ from ..domain.workspace import (
 from ..linter import RUFF_RULES, ruff_binary
 from ..sandbox import TOOL_DIR, SandboxResult, run_python
 from .boundary import test_side
+from .environment import console_scripts
 
 _JOB = Path(__file__).with_name("sandbox_job.py")
 _BOUNDARY = Path(__file__).with_name("boundary.py")
@@ -74,7 +75,7 @@ class RepoRunLimits(SandboxLimits):
 # editor or pager command: click's tests edit with `sed` and page with `cat`), bound read-only at
 # TOOL_DIR, which the job's commands have on their PATH: the standard utilities, nothing more.
 SHELL_TOOLS = ("sh", "cat", "sed", "grep", "head", "tail", "sort", "tr", "wc", "env", "true", "false")
-SHELL_TOOLS += ("echo", "ls", "cp", "mv", "rm", "mkdir", "touch")
+SHELL_TOOLS += ("echo", "printenv", "ls", "cp", "mv", "rm", "mkdir", "touch")
 
 
 def _run_job(workspace: Workspace, job: dict, limits: RepoRunLimits) -> tuple[dict | None, SandboxResult]:
@@ -86,6 +87,8 @@ def _run_job(workspace: Workspace, job: dict, limits: RepoRunLimits) -> tuple[di
     tools = tuple(t for t in (git, ruff, *map(shutil.which, SHELL_TOOLS)) if t)
     job = {
         "subdir": workspace.subdir,
+        # the base's own: a patch cannot name one (nor shadow `python` or `pytest`)
+        "console_scripts": console_scripts(Path(workspace.path) / workspace.subdir),
         "git": git and f"{TOOL_DIR}/{Path(git).name}",
         "ruff": ruff and f"{TOOL_DIR}/{Path(ruff).name}",
         "ruff_rules": RUFF_RULES,

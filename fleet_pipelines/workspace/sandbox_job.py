@@ -541,6 +541,7 @@ def plain(state, job, args, ran):
     under test shares the process), each test id's outcome (subtests rolled up) read from a plugin
     of ours: {"outcomes": {id: passed|failed|skipped|xfailed|xpassed}, ...}."""
     state.fresh()
+    shims(sys.executable, job.get("console_scripts", {}))  # a test's subprocess: `python`, its CLI
     cwd = os.path.join(REPO, job.get("subdir", ""))
     env = in_process_environment(job, cwd)
     env_paths = [p for p in ("/mnt/env",) if os.path.isdir(p)]
@@ -574,13 +575,38 @@ def plain(state, job, args, ran):
     }
 
 
-def shims(python):
+CONSOLE_SCRIPT = """#!{python}
+import importlib
+import sys
+
+found = importlib.import_module({module!r})
+for name in {attr!r}.split("."):
+    found = getattr(found, name)
+sys.exit(found())
+"""
+
+
+def shims(python, scripts):
+    """`python`, `python3` and `pytest` on the commands' PATH, then the project's own console
+    scripts (`scripts`: name -> `module:attr`, the base's, as `pip install -e .` would install
+    them), which import the copy's code; none replaces a shim or a tool of the PATH."""
     os.makedirs("/work/.bin", exist_ok=True)
     for name in ("python", "python3"):
         os.symlink(python, f"/work/.bin/{name}")
     with open("/work/.bin/pytest", "w") as f:
         f.write(f"#!{python}\nimport sys\nimport pytest\nsys.exit(pytest.main())\n")
     os.chmod("/work/.bin/pytest", 0o755)
+    taken = set(os.listdir("/work/.bin"))
+    for folder in ("/usr/local/bin", "/usr/bin", "/bin"):
+        with contextlib.suppress(OSError):
+            taken.update(os.listdir(folder))
+    for name, target in scripts.items():
+        module, _, attr = target.partition(":")
+        if "/" in name or name.startswith(".") or name in taken:
+            continue
+        with open(f"/work/.bin/{name}", "w") as f:
+            f.write(CONSOLE_SCRIPT.format(python=python, module=module, attr=attr))
+        os.chmod(f"/work/.bin/{name}", 0o755)
 
 
 def apply_patch(git, patch, env):
@@ -1202,7 +1228,7 @@ def main():
             )
     elif job.get("test_command"):
         state.fresh()
-        shims(sys.executable)
+        shims(sys.executable, job.get("console_scripts", {}))
         report["tests"] = tests(
             shlex.split(job["test_command"]),
             cwd,
@@ -1215,7 +1241,7 @@ def main():
         failing = report["tests"].get("failing")
         if job.get("trace_args") is not None and failing and report["tests"]["status"] == "failed":
             state.fresh()
-            shims(sys.executable)
+            shims(sys.executable, job.get("console_scripts", {}))
             report["executed"] = traced(job, cwd, failing, job["wall_s"] - (time.monotonic() - started))
     if job.get("ruff_changed") is not None:
         state.fresh()

@@ -933,3 +933,30 @@ def test_a_suite_too_long_for_the_runs_limits_is_not_run_from_its_baseline(tmp_p
     evidence = score_patch(ws, comment, limits=RepoRunLimits(cpu_s=3))
     assert "too near the CPU limit of 3 s" in evidence.not_run
     assert score_patch(ws, comment).tests.passed == 1  # the default limits hold it
+
+
+@needs_sandbox
+def test_the_projects_console_scripts_run_the_patched_copy_in_a_tests_subprocess(tmp_path, root):
+    """python-dotenv 1.0.1's CLI tests run `dotenv` in a subprocess, as `pip install -e .` puts it
+    on a developer's PATH: not found in the sandbox, they failed on the base and were not judged.
+    The base's declared scripts are written on the commands' PATH, importing the copy's code."""
+    files = {
+        "pyproject.toml": '[project]\nname = "greet"\nversion = "1"\n'
+        '[project.scripts]\ngreet = "greet:main"\npython = "greet:main"\n',
+        "greet.py": "def main():\n    print('hi')\n",
+        "tests/test_cli.py": "import subprocess\n\n\ndef test_cli():\n"
+        "    assert subprocess.run(['greet'], capture_output=True, text=True).stdout == 'hi\\n'\n\n\n"
+        "def test_python_is_python():\n"
+        "    ran = subprocess.run(['python', '-c', 'print(2)'], capture_output=True, text=True)\n"
+        "    assert ran.stdout == '2\\n'\n",
+    }
+    source = make_repo(tmp_path / "src", files)
+    ws = prepare_workspace("scripts", RepoSpec(url=str(source)), root)
+    assert ws.baseline is not None and (ws.baseline.status, ws.baseline.passed) == ("passed", 2), ws.baseline
+    bye = (
+        "--- a/greet.py\n+++ b/greet.py\n@@ -1,2 +1,2 @@\n def main():\n-    print('hi')\n+    print('bye')\n"
+    )
+    evidence = score_patch(ws, bye)
+    assert evidence.tests is not None and evidence.tests.failing == ["tests/test_cli.py::test_cli"], (
+        evidence.tests
+    )

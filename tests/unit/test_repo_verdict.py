@@ -1336,3 +1336,25 @@ def test_a_test_dependency_unpinned_keeps_its_extras_and_marker():
     assert unpinned("pytest-asyncio==0.23.6") == "pytest-asyncio"
     assert unpinned("foo[bar]>=1,<2; python_version < '3.12'") == 'foo[bar]; python_version < "3.12"'
     assert unpinned("not a requirement ===") == "not a requirement ==="
+
+
+def test_a_projects_console_scripts_are_read_where_projects_declare_them(tmp_path: Path):
+    from fleet_pipelines.workspace.environment import console_scripts
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "p"\n[project.scripts]\np = "p.cli:main"\n"bad name" = "p:main"\n'
+        'evil = "os; import x:main"\n'
+    )
+    (tmp_path / "setup.cfg").write_text(
+        "[options.entry_points]\nconsole_scripts =\n    q = q.__main__:cli.run\n"
+    )
+    (tmp_path / "setup.py").write_text(
+        "from setuptools import setup\n\n"
+        "setup(entry_points={'console_scripts': ['dotenv=dotenv.__main__:cli [cli]', 'p = other:main']})\n"
+    )
+    # the first declaration of a name wins; names and targets that are not plain are left out
+    assert console_scripts(tmp_path) == {
+        "p": "p.cli:main",
+        "q": "q.__main__:cli.run",
+        "dotenv": "dotenv.__main__:cli",
+    }
