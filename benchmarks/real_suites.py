@@ -61,8 +61,9 @@ from fleet_pipelines.sandbox import cgroups
 from fleet_pipelines.sandbox.init import HASH_SEED
 from fleet_pipelines.workspace import runs
 from fleet_pipelines.workspace.checkout import make_writable
+from fleet_pipelines.workspace.environment import console_scripts
 from fleet_pipelines.workspace.prepare import prepare_workspace
-from fleet_pipelines.workspace.sandbox_job import ADDOPTS_PLUGIN, pytest_options
+from fleet_pipelines.workspace.sandbox_job import ADDOPTS_PLUGIN, CONSOLE_SCRIPT, pytest_options
 
 PLUGIN = """
 import json, os
@@ -94,8 +95,18 @@ def plain_pytest(
             (scratch / "repo" / change.path).write_text(mutated_text(repo, change))
         (scratch / "fleet_bench_ids.py").write_text(PLUGIN)
         (scratch / "fleet_addopts.py").write_text(ADDOPTS_PLUGIN)
+        bin_dir = scratch / "bin"  # as the judge's commands: python, the project's console scripts
+        bin_dir.mkdir()
+        for name in ("python", "python3"):
+            (bin_dir / name).symlink_to(sys.executable)
+        for name, target in console_scripts(repo).items():
+            module, _, attr = target.partition(":")
+            (bin_dir / name).write_text(
+                CONSOLE_SCRIPT.format(python=sys.executable, module=module, attr=attr)
+            )
+            (bin_dir / name).chmod(0o755)
         env = {
-            "PATH": os.environ["PATH"],
+            "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",  # not the host's: its own `dotenv`
             "HOME": str(scratch),
             # as the sandbox's in-process runs: the project and its src/ after the environment
             "PYTHONPATH": f"{scratch}:{env_path}:{scratch / 'repo'}:{scratch / 'repo' / 'src'}",
