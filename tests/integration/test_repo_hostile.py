@@ -919,8 +919,8 @@ def test_a_repositorys_own_test_module_is_not_shadowed_by_cpythons_test_package(
 
 @needs_sandbox
 def test_a_suite_too_long_for_the_runs_limits_is_not_run_from_its_baseline(tmp_path, root):
-    """chardet 5.2.0's suite takes 60 s here: every patch's job was killed at the 120 s wall limit
-    and scored 0, honest patches too. The baseline's duration says so before any job runs."""
+    """chardet 5.2.0's suite takes 60 s here: every patch's job was killed at the 120 s wall limit of
+    then and scored 0, honest patches too. The baseline's duration says so before any job runs."""
     slow = "import time\n\n\ndef test_slow():\n    time.sleep(3)\n"
     source = make_repo(tmp_path / "src", {"a.py": "x = 1\n", "tests/test_a.py": slow})
     ws = prepare_workspace("slow", RepoSpec(url=str(source)), root)
