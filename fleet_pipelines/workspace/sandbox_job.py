@@ -1061,9 +1061,11 @@ def crossing(state, boundary, job, sample, rest, size, budget):
 
 def load_boundary(source):
     """boundary.py as a module, with pytest and its built-in plugins imported here from the
-    environment, before any code under test runs: each test process (a fork) starts with them."""
+    environment, before any code under test runs: each test process (a fork) starts with them,
+    and with the code process's program compiled (`code_side`)."""
     module = types.ModuleType("fleet_boundary")
     exec(compile(source, "boundary.py", "exec"), module.__dict__)
+    module.code_side(source)  # the code process's program, compiled once: the forks inherit it
     if os.path.isdir("/mnt/env"):
         sys.path.append("/mnt/env")
         try:
