@@ -210,6 +210,63 @@ def test_a_report_over_the_output_limit_is_said_so_never_a_patch_that_does_not_a
 
 
 @needs_sandbox
+def test_a_repositorys_own_test_module_is_not_shadowed_by_cpythons_test_package(tmp_path, root):
+    """chardet 5.2.0's tests are its root `test.py`: the baseline imported the standard library's
+    `test` package instead (kept in the sandbox for `test.support`) and read a collection error."""
+    files = {"calc.py": "x = 1\n", "test.py": "from calc import x\n\n\ndef test_x():\n    assert x == 1\n"}
+    source = make_repo(tmp_path / "src", files)
+    ws = prepare_workspace("own-test", RepoSpec(url=str(source), test_command="pytest test.py"), root)
+    assert ws.baseline is not None and (ws.baseline.status, ws.baseline.passed) == ("passed", 1), ws.baseline
+    evidence = score_patch(ws, "--- a/calc.py\n+++ b/calc.py\n@@ -1 +1,2 @@\n+# a comment\n x = 1\n")
+    assert evidence.tests is not None and (evidence.tests.status, evidence.tests.passed) == ("passed", 1)
+
+
+@needs_sandbox
+def test_a_suite_too_long_for_the_runs_limits_is_not_run_from_its_baseline(tmp_path, root):
+    """chardet 5.2.0's suite takes 60 s here: every patch's job was killed at the 120 s wall limit of
+    then and scored 0, honest patches too. The baseline's duration says so before any job runs."""
+    slow = "import time\n\n\ndef test_slow():\n    time.sleep(3)\n"
+    source = make_repo(tmp_path / "src", {"a.py": "x = 1\n", "tests/test_a.py": slow})
+    ws = prepare_workspace("slow", RepoSpec(url=str(source)), root)
+    assert ws.baseline is not None and ws.baseline.passed == 1 and ws.baseline.duration_s >= 3
+    comment = "--- a/a.py\n+++ b/a.py\n@@ -1 +1,2 @@\n+# a comment\n x = 1\n"
+    evidence = score_patch(ws, comment, limits=RepoRunLimits(wall_s=15))
+    assert evidence.not_run.startswith(f"the repository's tests take {ws.baseline.duration_s:.0f} s")
+    assert "runs them 2 times: over the run's wall-clock limit of 15 s" in evidence.not_run
+    assert "raise the repos resource's runs.wall_s" in evidence.not_run
+    evidence = score_patch(ws, comment, limits=RepoRunLimits(cpu_s=3))
+    assert "too near the CPU limit of 3 s" in evidence.not_run
+    assert score_patch(ws, comment).tests.passed == 1  # the default limits hold it
+
+
+@needs_sandbox
+def test_the_projects_console_scripts_run_the_patched_copy_in_a_tests_subprocess(tmp_path, root):
+    """python-dotenv 1.0.1's CLI tests run `dotenv` in a subprocess, as `pip install -e .` puts it
+    on a developer's PATH: not found in the sandbox, they failed on the base and were not judged.
+    The base's declared scripts are written on the commands' PATH, importing the copy's code."""
+    files = {
+        "pyproject.toml": '[project]\nname = "greet"\nversion = "1"\n'
+        '[project.scripts]\ngreet = "greet:main"\npython = "greet:main"\n',
+        "greet.py": "def main():\n    print('hi')\n",
+        "tests/test_cli.py": "import subprocess\n\n\ndef test_cli():\n"
+        "    assert subprocess.run(['greet'], capture_output=True, text=True).stdout == 'hi\\n'\n\n\n"
+        "def test_python_is_python():\n"
+        "    ran = subprocess.run(['python', '-c', 'print(2)'], capture_output=True, text=True)\n"
+        "    assert ran.stdout == '2\\n'\n",
+    }
+    source = make_repo(tmp_path / "src", files)
+    ws = prepare_workspace("scripts", RepoSpec(url=str(source)), root)
+    assert ws.baseline is not None and (ws.baseline.status, ws.baseline.passed) == ("passed", 2), ws.baseline
+    bye = (
+        "--- a/greet.py\n+++ b/greet.py\n@@ -1,2 +1,2 @@\n def main():\n-    print('hi')\n+    print('bye')\n"
+    )
+    evidence = score_patch(ws, bye)
+    assert evidence.tests is not None and evidence.tests.failing == ["tests/test_cli.py::test_cli"], (
+        evidence.tests
+    )
+
+
+@needs_sandbox
 def test_a_patch_cannot_write_outside_the_sandboxed_copy(tmp_path, root):
     source = make_repo(
         tmp_path / "src",
@@ -903,60 +960,3 @@ FLAGGED = {
     "sitecustomize.py and a .pth file",
     "pytest configuration in pyproject.toml deselects the failing test",
 }
-
-
-@needs_sandbox
-def test_a_repositorys_own_test_module_is_not_shadowed_by_cpythons_test_package(tmp_path, root):
-    """chardet 5.2.0's tests are its root `test.py`: the baseline imported the standard library's
-    `test` package instead (kept in the sandbox for `test.support`) and read a collection error."""
-    files = {"calc.py": "x = 1\n", "test.py": "from calc import x\n\n\ndef test_x():\n    assert x == 1\n"}
-    source = make_repo(tmp_path / "src", files)
-    ws = prepare_workspace("own-test", RepoSpec(url=str(source), test_command="pytest test.py"), root)
-    assert ws.baseline is not None and (ws.baseline.status, ws.baseline.passed) == ("passed", 1), ws.baseline
-    evidence = score_patch(ws, "--- a/calc.py\n+++ b/calc.py\n@@ -1 +1,2 @@\n+# a comment\n x = 1\n")
-    assert evidence.tests is not None and (evidence.tests.status, evidence.tests.passed) == ("passed", 1)
-
-
-@needs_sandbox
-def test_a_suite_too_long_for_the_runs_limits_is_not_run_from_its_baseline(tmp_path, root):
-    """chardet 5.2.0's suite takes 60 s here: every patch's job was killed at the 120 s wall limit of
-    then and scored 0, honest patches too. The baseline's duration says so before any job runs."""
-    slow = "import time\n\n\ndef test_slow():\n    time.sleep(3)\n"
-    source = make_repo(tmp_path / "src", {"a.py": "x = 1\n", "tests/test_a.py": slow})
-    ws = prepare_workspace("slow", RepoSpec(url=str(source)), root)
-    assert ws.baseline is not None and ws.baseline.passed == 1 and ws.baseline.duration_s >= 3
-    comment = "--- a/a.py\n+++ b/a.py\n@@ -1 +1,2 @@\n+# a comment\n x = 1\n"
-    evidence = score_patch(ws, comment, limits=RepoRunLimits(wall_s=15))
-    assert evidence.not_run.startswith(f"the repository's tests take {ws.baseline.duration_s:.0f} s")
-    assert "runs them 2 times: over the run's wall-clock limit of 15 s" in evidence.not_run
-    assert "raise the repos resource's runs.wall_s" in evidence.not_run
-    evidence = score_patch(ws, comment, limits=RepoRunLimits(cpu_s=3))
-    assert "too near the CPU limit of 3 s" in evidence.not_run
-    assert score_patch(ws, comment).tests.passed == 1  # the default limits hold it
-
-
-@needs_sandbox
-def test_the_projects_console_scripts_run_the_patched_copy_in_a_tests_subprocess(tmp_path, root):
-    """python-dotenv 1.0.1's CLI tests run `dotenv` in a subprocess, as `pip install -e .` puts it
-    on a developer's PATH: not found in the sandbox, they failed on the base and were not judged.
-    The base's declared scripts are written on the commands' PATH, importing the copy's code."""
-    files = {
-        "pyproject.toml": '[project]\nname = "greet"\nversion = "1"\n'
-        '[project.scripts]\ngreet = "greet:main"\npython = "greet:main"\n',
-        "greet.py": "def main():\n    print('hi')\n",
-        "tests/test_cli.py": "import subprocess\n\n\ndef test_cli():\n"
-        "    assert subprocess.run(['greet'], capture_output=True, text=True).stdout == 'hi\\n'\n\n\n"
-        "def test_python_is_python():\n"
-        "    ran = subprocess.run(['python', '-c', 'print(2)'], capture_output=True, text=True)\n"
-        "    assert ran.stdout == '2\\n'\n",
-    }
-    source = make_repo(tmp_path / "src", files)
-    ws = prepare_workspace("scripts", RepoSpec(url=str(source)), root)
-    assert ws.baseline is not None and (ws.baseline.status, ws.baseline.passed) == ("passed", 2), ws.baseline
-    bye = (
-        "--- a/greet.py\n+++ b/greet.py\n@@ -1,2 +1,2 @@\n def main():\n-    print('hi')\n+    print('bye')\n"
-    )
-    evidence = score_patch(ws, bye)
-    assert evidence.tests is not None and evidence.tests.failing == ["tests/test_cli.py::test_cli"], (
-        evidence.tests
-    )
