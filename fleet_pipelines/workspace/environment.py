@@ -265,13 +265,6 @@ def _pip_install(target: Path, wanted: list[str], constraints: Path) -> None:
 _UNMET = re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
-def _conflict(error: DependencyError) -> str:
-    """pip's lines that say what conflicts ("... depends on pytest<9"), else its last line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    said = [line for line in lines if " depends on " in line or "The user requested" in line]
-    return "; ".join(said[:4] or lines[-1:])[:400]
-
-
 def unpinned(requirement: str) -> str:
     """`requirement` without its version specifier (its extras and marker kept); as given where
     it does not parse."""
@@ -308,9 +301,8 @@ def _install(target: Path, wanted: list[str], tests: list[str], constraints: Pat
                 continue
             relaxed = [list(dict.fromkeys(map(unpinned, r))) for r in (wanted, tests)]
             if relaxed != [wanted, tests]:
-                left_out.append(
-                    f"versions left out: pip could not meet them together (pip: {_conflict(exc)})"
-                )
+                said = (str(exc).strip().splitlines() or [""])[-1][:400]  # pip (--quiet): its last line
+                left_out.append(f"versions left out: pip could not meet them together (pip: {said})")
                 wanted, tests = relaxed
                 continue
             if not tests:

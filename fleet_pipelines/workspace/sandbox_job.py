@@ -541,7 +541,7 @@ def plain(state, job, args, ran):
     under test shares the process), each test id's outcome (subtests rolled up) read from a plugin
     of ours: {"outcomes": {id: passed|failed|skipped|xfailed|xpassed}, ...}."""
     state.fresh()
-    shims(sys.executable, job.get("console_scripts", {}))  # a test's subprocess: `python`, its CLI
+    shims(job)  # a test's subprocess: `python`, its CLI
     cwd = os.path.join(REPO, job.get("subdir", ""))
     env = in_process_environment(job, cwd)
     env_paths = [p for p in ("/mnt/env",) if os.path.isdir(p)]
@@ -586,10 +586,11 @@ sys.exit(found())
 """
 
 
-def shims(python, scripts):
+def shims(job):
     """`python`, `python3` and `pytest` on the commands' PATH, then the project's own console
-    scripts (`scripts`: name -> `module:attr`, the base's, as `pip install -e .` would install
-    them), which import the copy's code; none replaces a shim or a tool of the PATH."""
+    scripts (`job["console_scripts"]`: name -> `module:attr`, the base's, as `pip install -e .`
+    would install them), which import the copy's code; none replaces a shim or a tool of the PATH."""
+    python = sys.executable
     os.makedirs("/work/.bin", exist_ok=True)
     for name in ("python", "python3"):
         os.symlink(python, f"/work/.bin/{name}")
@@ -600,7 +601,7 @@ def shims(python, scripts):
     for folder in ("/usr/local/bin", "/usr/bin", "/bin"):
         with contextlib.suppress(OSError):
             taken.update(os.listdir(folder))
-    for name, target in scripts.items():
+    for name, target in job.get("console_scripts", {}).items():
         module, _, attr = target.partition(":")
         if "/" in name or name.startswith(".") or name in taken:
             continue
@@ -1068,10 +1069,11 @@ def load_boundary(source):
     module.code_side(source)  # the code process's program, compiled once: the forks inherit it
     if os.path.isdir("/mnt/env"):
         sys.path.append("/mnt/env")
+        # pytest imports the repository's own package (pluggy): no preload, each test process
+        # tries again and says why it could not
         try:
-            module.preload()
-        except ImportError:  # pytest imports the repository's own package (pluggy): no preload,
-            pass  # each test process tries again and says why it could not
+            with contextlib.suppress(ImportError):
+                module.preload()
         finally:
             sys.path.remove("/mnt/env")
     return module
@@ -1230,7 +1232,7 @@ def main():
             )
     elif job.get("test_command"):
         state.fresh()
-        shims(sys.executable, job.get("console_scripts", {}))
+        shims(job)
         report["tests"] = tests(
             shlex.split(job["test_command"]),
             cwd,
@@ -1243,7 +1245,7 @@ def main():
         failing = report["tests"].get("failing")
         if job.get("trace_args") is not None and failing and report["tests"]["status"] == "failed":
             state.fresh()
-            shims(sys.executable, job.get("console_scripts", {}))
+            shims(job)
             report["executed"] = traced(job, cwd, failing, job["wall_s"] - (time.monotonic() - started))
     if job.get("ruff_changed") is not None:
         state.fresh()
